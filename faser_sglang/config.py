@@ -1,0 +1,107 @@
+"""FASER settings beyond SGLang's own flags.
+
+One file (JSON or TOML) named by the ``FASER_CONFIG`` environment variable, parsed
+into a frozen dataclass. Unknown keys and bad values are rejected with a
+``ValueError`` that names the key, so a typo fails at startup instead of silently
+running with defaults. Every field has a working default: no file is needed.
+
+The maximum speculative length is SGLang's ``--speculative-num-steps`` (K_max), not a
+field here, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+CONFIG_ENV = "FASER_CONFIG"
+
+POLICIES = ("ema", "fixed")
+
+
+@dataclass(frozen=True)
+class FaserConfig:
+    # Length policy: "ema" (per-request acceptance EMA -> k_i) or "fixed" (k_i = K_max).
+    policy: str = "ema"
+    # EMA weight of the newest step's acceptance rate, in (0, 1].
+    ema_alpha: float = 0.3
+    # Acceptance-rate prior for a request that has not been verified yet, in [0, 1].
+    prior_accept_rate: float = 0.7
+    # The ema policy drafts while the expected marginal accepted token is worth more
+    # than this, in [0, 1): k_i = largest k with rate**k >= min_token_value.
+    min_token_value: float = 0.25
+    # Write one JSON line per decode step (per-request lengths and acceptances) here.
+    trace_path: Optional[str] = None
+    # Seed of the acceptance RNG (rejection sampling); None draws from torch's global RNG.
+    seed: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"FASER config 'policy' must be one of {POLICIES}, got {self.policy!r}")
+        _check_range("ema_alpha", self.ema_alpha, 0.0, 1.0, low_open=True)
+        _check_range("prior_accept_rate", self.prior_accept_rate, 0.0, 1.0)
+        _check_range("min_token_value", self.min_token_value, 0.0, 1.0, high_open=True)
+        if self.trace_path is not None and not isinstance(self.trace_path, str):
+            raise ValueError(f"FASER config 'trace_path' must be a string path, got {self.trace_path!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ValueError(f"FASER config 'seed' must be an integer, got {self.seed!r}")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str = "FASER config") -> "FaserConfig":
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(
+                f"{source}: unknown key(s) {unknown}; valid keys are {sorted(known)}"
+            )
+        return cls(**dict(data))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> "FaserConfig":
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(
+                f"{CONFIG_ENV}={str(path)!r} does not name a file; point it at a JSON or "
+                "TOML FASER config, or unset it to use the defaults"
+            )
+        text = p.read_text()
+        try:
+            data = tomllib.loads(text) if p.suffix == ".toml" else json.loads(text)
+        except (ValueError, tomllib.TOMLDecodeError) as e:
+            raise ValueError(f"FASER config {p}: cannot parse ({e})") from e
+        if not isinstance(data, dict):
+            raise ValueError(f"FASER config {p}: top level must be a table/object")
+        return cls.from_mapping(data, source=f"FASER config {p}")
+
+    @classmethod
+    def from_env(cls) -> "FaserConfig":
+        """The config named by ``FASER_CONFIG``, or the defaults when it is unset."""
+        path = os.environ.get(CONFIG_ENV)
+        return cls.from_file(path) if path else cls()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _check_range(
+    name: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"FASER config {name!r} must be a number, got {value!r}")
+    below = value <= low if low_open else value < low
+    above = value >= high if high_open else value > high
+    if below or above:
+        lo = "(" if low_open else "["
+        hi = ")" if high_open else "]"
+        raise ValueError(f"FASER config {name!r} must be in {lo}{low}, {high}{hi}, got {value!r}")

@@ -1,0 +1,74 @@
+"""FASER step statistics: draft-length histogram, acceptance, optional JSONL trace.
+
+SGLang already reports the mean accepted length in its decode log line and
+``spec_accept_length`` / ``spec_verify_ct`` per request; this adds what is specific
+to per-request lengths: how often each length was chosen and how many drafts were
+accepted, logged every ``log_interval`` steps, plus an optional per-step trace file
+for offline analysis and tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import IO, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StepRecord:
+    step: int
+    rids: Sequence[str]
+    draft_lens: Sequence[int]
+    num_accepted: Sequence[int]
+    seconds: float
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "step": self.step,
+                "rids": list(self.rids),
+                "draft_lens": list(self.draft_lens),
+                "num_accepted": list(self.num_accepted),
+                "seconds": round(self.seconds, 6),
+            }
+        )
+
+
+@dataclass
+class FaserStats:
+    log_interval: int = 200
+    trace_path: Optional[str] = None
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    length_hist: Counter = field(default_factory=Counter)
+    _trace: Optional[IO[str]] = None
+
+    def record(
+        self,
+        rids: Sequence[str],
+        draft_lens: Sequence[int],
+        num_accepted: Sequence[int],
+        started: float,
+    ) -> None:
+        self.steps += 1
+        self.drafted += sum(draft_lens)
+        self.accepted += sum(num_accepted)
+        self.length_hist.update(draft_lens)
+        if self.trace_path is not None:
+            if self._trace is None:
+                self._trace = open(self.trace_path, "a", buffering=1)
+            rec = StepRecord(self.steps, rids, draft_lens, num_accepted, time.perf_counter() - started)
+            self._trace.write(rec.to_json() + "\n")
+        if self.steps % self.log_interval == 0:
+            logger.info("FASER %s", self.summary())
+
+    def summary(self) -> str:
+        rate = self.accepted / self.drafted if self.drafted else 0.0
+        hist = " ".join(f"k{k}:{n}" for k, n in sorted(self.length_hist.items()))
+        return f"steps={self.steps} draft_accept_rate={rate:.3f} draft_lengths[{hist}]"

@@ -1,0 +1,1 @@
+"""The FASER worker: per-request draft lengths, ragged verify, lossless acceptance."""

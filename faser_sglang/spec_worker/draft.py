@@ -1,0 +1,173 @@
+"""Draft phase: propose k_i tokens for every request with a separate draft model.
+
+Only requests with k_i > 0 run. One catch-up EXTEND forward feeds each such request
+the committed tokens its draft KV is missing plus its bonus token; its last logits
+give draft 1. Then DECODE forwards add one draft per step, each over only the
+requests that still want more, so the draft runs max(k_i) forwards and no request
+pays for a longer neighbour.
+
+Worked example, K_max = 3, seq_lens L = [10, 7], draft_kv_lens s = [9, 7], k = [3, 1]:
+  catch-up: row 0 feeds positions 9..10 (committed token 9, bonus at 10),
+            row 1 feeds position 7 (bonus)                -> d1 for both
+  decode 1: row 0 feeds d1 at position 11                 -> d2
+  decode 2: row 0 feeds d2 at position 12                 -> d3
+  new draft_kv_lens = [L0 + 3, L1 + 1] = [13, 8] (valid until verify trims them)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+from faser_sglang.layout import RaggedLayout
+from faser_sglang.spec_worker.batch_views import (
+    RowSelection,
+    decode_forward_batch,
+    extend_forward_batch,
+    kv_slots,
+)
+from faser_sglang.spec_worker.sampling import SamplingRows, greedy_tokens, sampling_probs
+
+
+@dataclass(frozen=True)
+class DraftOutput:
+    tokens: torch.Tensor  # [bs, K_max] int64, zero past each row's k_i
+    probs: Optional[torch.Tensor]  # [bs, K_max, V] float32 q of each draft; None if all greedy
+    draft_kv_lens: list[int]  # [bs] draft KV fill after this phase
+
+
+def committed_tokens(req: Req, start: int, end: int) -> list[int]:
+    """Token ids of positions start..end-1 of a request (prompt then output)."""
+    prompt = req.origin_input_ids
+    n = len(prompt)
+    if end <= n:
+        return list(prompt[start:end])
+    if start >= n:
+        return list(req.output_ids[start - n : end - n])
+    return list(prompt[start:]) + list(req.output_ids[: end - n])
+
+
+class DraftPhase:
+    def __init__(self, draft_runner, req_to_token_pool, k_max: int, vocab_size: int):
+        self.runner = draft_runner
+        self.req_to_token_pool = req_to_token_pool
+        self.k_max = k_max
+        self.vocab_size = vocab_size
+
+    def run(
+        self,
+        batch: ScheduleBatch,
+        layout: RaggedLayout,
+        draft_kv_lens: Sequence[int],
+        sampling: SamplingRows,
+        generator: Optional[torch.Generator],
+    ) -> DraftOutput:
+        device = batch.seq_lens.device
+        bs = layout.batch_size
+        k = layout.draft_lens_cpu
+        seq_lens = batch.seq_lens_cpu.tolist()
+        tokens = torch.zeros((bs, self.k_max), dtype=torch.int64, device=device)
+        probs = None
+        if not sampling.all_greedy:
+            probs = torch.zeros((bs, self.k_max, self.vocab_size), dtype=torch.float32, device=device)
+        new_kv_lens = list(draft_kv_lens)
+        active = [i for i in range(bs) if k[i] > 0]
+        if not active:
+            return DraftOutput(tokens, probs, new_kv_lens)
+
+        logits = self._catch_up(batch, active, seq_lens, draft_kv_lens)  # [len(active), V]
+        rows = active
+        for step in range(max(k[i] for i in active)):
+            rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+            picked = self._pick(logits, sampling.select(rows_t), generator)
+            tokens[rows_t, step] = picked.tokens
+            if probs is not None and picked.probs is not None:
+                probs[rows_t, step] = picked.probs
+            # Rows that want another draft feed this one at position L + step + 1.
+            keep = [j for j, i in enumerate(rows) if k[i] > step + 1]
+            if not keep:
+                break
+            rows = [rows[j] for j in keep]
+            keep_t = torch.tensor(keep, dtype=torch.int64, device=device)
+            logits = self._decode(batch, rows, seq_lens, step + 1, picked.tokens[keep_t])
+        for i in active:
+            new_kv_lens[i] = seq_lens[i] + k[i]
+        return DraftOutput(tokens, probs, new_kv_lens)
+
+    def _catch_up(
+        self,
+        batch: ScheduleBatch,
+        active: list[int],
+        seq_lens: list[int],
+        draft_kv_lens: Sequence[int],
+    ) -> torch.Tensor:
+        device = batch.seq_lens.device
+        starts = [draft_kv_lens[i] for i in active]
+        lens = [seq_lens[i] + 1 - draft_kv_lens[i] for i in active]  # committed gap + bonus
+        ids: list[int] = []
+        for i, s, n in zip(active, starts, lens):
+            ids.extend(committed_tokens(batch.reqs[i], s, s + n))
+        sel = RowSelection.of(active, device)
+        out_cache_loc = kv_slots(
+            self.req_to_token_pool.req_to_token,
+            batch.req_pool_indices[sel.rows],
+            torch.tensor(starts, dtype=torch.int64, device=device),
+            torch.tensor(lens, dtype=torch.int64, device=device),
+            total=sum(lens),
+        )
+        fb = extend_forward_batch(
+            batch,
+            self.runner,
+            sel=sel,
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
+            prefix_lens=starts,
+            extend_lens=lens,
+            out_cache_loc=out_cache_loc,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+        return self.runner.forward(fb).logits_output.next_token_logits
+
+    def _decode(
+        self,
+        batch: ScheduleBatch,
+        rows: list[int],
+        seq_lens: list[int],
+        offset: int,
+        input_ids: torch.Tensor,  # [len(rows)]
+    ) -> torch.Tensor:
+        device = batch.seq_lens.device
+        sel = RowSelection.of(rows, device)
+        positions = torch.tensor([seq_lens[i] + offset for i in rows], dtype=torch.int64, device=device)
+        out_cache_loc = self.req_to_token_pool.req_to_token[
+            batch.req_pool_indices[sel.rows], positions
+        ].to(torch.int64)
+        fb = decode_forward_batch(
+            batch,
+            self.runner,
+            sel=sel,
+            input_ids=input_ids,
+            seq_lens_cpu=[seq_lens[i] + offset + 1 for i in rows],
+            out_cache_loc=out_cache_loc,
+        )
+        return self.runner.forward(fb).logits_output.next_token_logits
+
+    @staticmethod
+    def _pick(
+        logits: torch.Tensor, sampling: SamplingRows, generator: Optional[torch.Generator]
+    ) -> "_Picked":
+        if sampling.all_greedy:
+            return _Picked(greedy_tokens(logits, sampling), None)
+        q = sampling_probs(logits, sampling)  # [n, V]
+        sampled = torch.multinomial(q, 1, generator=generator).squeeze(1)
+        tokens = torch.where(sampling.greedy, greedy_tokens(logits, sampling), sampled)
+        return _Picked(tokens, q)
+
+
+@dataclass(frozen=True)
+class _Picked:
+    tokens: torch.Tensor  # [n] int64
+    probs: Optional[torch.Tensor]  # [n, V] float32

@@ -1,0 +1,100 @@
+"""Length policies: choose each request's draft length k_i every step.
+
+A policy sees the requests of the running batch by id, returns one k_i in
+[0, K_max] per request, and is told afterwards how many drafts each request got
+accepted. k_i = 0 means the request decodes normally this step (one verify token,
+no draft work).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from faser_sglang.config import FaserConfig
+
+
+class LengthPolicy(Protocol):
+    def choose(self, rids: Sequence[str], k_max: int) -> list[int]: ...
+
+    def observe(
+        self, rids: Sequence[str], draft_lens: Sequence[int], num_accepted: Sequence[int]
+    ) -> None: ...
+
+    def forget(self, rid: str) -> None: ...
+
+
+@dataclass
+class FixedLengthPolicy:
+    """Every request drafts K_max tokens (vanilla speculative decoding)."""
+
+    def choose(self, rids: Sequence[str], k_max: int) -> list[int]:
+        return [k_max] * len(rids)
+
+    def observe(self, rids, draft_lens, num_accepted) -> None:
+        pass
+
+    def forget(self, rid: str) -> None:
+        pass
+
+
+def step_accept_rate(draft_len: int, num_accepted: int) -> float:
+    """Per-token acceptance estimate from one verify of a chain.
+
+    Acceptance is a prefix: a accepted out of k means a successes followed by one
+    failure when a < k (a / (a + 1)), or k successes and no failure when a == k.
+    """
+    if num_accepted < draft_len:
+        return num_accepted / (num_accepted + 1)
+    return 1.0
+
+
+@dataclass
+class EmaLengthPolicy:
+    """k_i from an exponential moving average of request i's acceptance rate.
+
+    The expected value of the j-th draft token is rate**j (it counts only if all
+    before it are accepted), so k_i is the largest k <= K_max with
+    rate**k >= min_token_value; a request whose rate falls below that decodes
+    normally (k_i = 0). While a request is not drafting its estimate relaxes
+    toward the prior, so it is probed again after a few steps instead of staying
+    off forever.
+    """
+
+    config: FaserConfig
+    rates: dict[str, float] = field(default_factory=dict)
+
+    def _rate(self, rid: str) -> float:
+        return self.rates.get(rid, self.config.prior_accept_rate)
+
+    def length_for_rate(self, rate: float, k_max: int) -> int:
+        threshold = self.config.min_token_value
+        if rate <= 0.0 or rate < threshold:
+            return 0
+        if rate >= 1.0 or threshold == 0.0:
+            return k_max
+        return min(k_max, int(math.floor(math.log(threshold) / math.log(rate) + 1e-9)))
+
+    def choose(self, rids: Sequence[str], k_max: int) -> list[int]:
+        return [self.length_for_rate(self._rate(rid), k_max) for rid in rids]
+
+    def observe(
+        self, rids: Sequence[str], draft_lens: Sequence[int], num_accepted: Sequence[int]
+    ) -> None:
+        alpha = self.config.ema_alpha
+        for rid, k, a in zip(rids, draft_lens, num_accepted):
+            rate = self._rate(rid)
+            if k > 0:
+                self.rates[rid] = (1 - alpha) * rate + alpha * step_accept_rate(k, a)
+            else:
+                self.rates[rid] = rate + alpha * 0.25 * (self.config.prior_accept_rate - rate)
+
+    def forget(self, rid: str) -> None:
+        self.rates.pop(rid, None)
+
+
+def make_policy(config: FaserConfig) -> LengthPolicy:
+    if config.policy == "fixed":
+        return FixedLengthPolicy()
+    return EmaLengthPolicy(config)

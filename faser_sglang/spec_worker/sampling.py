@@ -1,0 +1,83 @@
+"""Per-request sampling transforms, identical to SGLang's own sampler.
+
+SGLang samples a token by dividing logits by the temperature, taking the softmax,
+then zeroing probabilities outside top-k, outside the top-p nucleus and below
+min_p * max_prob, and drawing from what is left (``torch.multinomial`` renormalises).
+Rejection sampling must compare the draft and target under exactly that transform,
+so it lives here once and both phases call it. Greedy requests (top_k <= 1, which
+is how SGLang stores temperature 0) take the argmax instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingRows:
+    """Sampling parameters, one row per request (or per flat token after expand)."""
+
+    temperatures: torch.Tensor  # [n] float32, > 0
+    top_ks: torch.Tensor  # [n] int64
+    top_ps: torch.Tensor  # [n] float32
+    min_ps: torch.Tensor  # [n] float32
+    greedy: torch.Tensor  # [n] bool
+    logit_bias: Optional[torch.Tensor]  # [n, V] float32 or None
+    all_greedy: bool
+
+    @classmethod
+    def from_sampling_info(cls, info) -> "SamplingRows":
+        """From SGLang's ``SamplingBatchInfo`` (temperatures is [bs, 1] there)."""
+        top_ks = info.top_ks.to(torch.int64)
+        return cls(
+            temperatures=info.temperatures.view(-1).to(torch.float32),
+            top_ks=top_ks,
+            top_ps=info.top_ps.to(torch.float32),
+            min_ps=info.min_ps.to(torch.float32),
+            greedy=top_ks <= 1,
+            logit_bias=info.logit_bias,
+            all_greedy=bool(info.is_all_greedy),
+        )
+
+    def select(self, rows: torch.Tensor) -> "SamplingRows":
+        """Rows picked by an index tensor (a subset of requests, or one row per token)."""
+        greedy = self.greedy[rows]
+        return SamplingRows(
+            temperatures=self.temperatures[rows],
+            top_ks=self.top_ks[rows],
+            top_ps=self.top_ps[rows],
+            min_ps=self.min_ps[rows],
+            greedy=greedy,
+            logit_bias=None if self.logit_bias is None else self.logit_bias[rows],
+            all_greedy=self.all_greedy or bool(greedy.all()),
+        )
+
+
+def biased(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """Logits with the per-request logit_bias added (a new tensor when biased)."""
+    if rows.logit_bias is None:
+        return logits
+    return logits + rows.logit_bias[:, : logits.shape[-1]]
+
+
+def greedy_tokens(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """[n, V] -> [n] int64 argmax, as SGLang's greedy path."""
+    return torch.argmax(biased(logits, rows), dim=-1)
+
+
+def sampling_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """[n, V] logits -> [n, V] float32 normalised distribution SGLang samples from."""
+    logits = biased(logits.to(torch.float32), rows)
+    probs = torch.softmax(logits / rows.temperatures.unsqueeze(1), dim=-1)
+    probs_sort, probs_idx = probs.sort(dim=-1, descending=True)  # [n, V]
+    cum = torch.cumsum(probs_sort, dim=-1)
+    rank = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)  # [1, V]
+    drop = rank >= rows.top_ks.unsqueeze(1)
+    drop |= (cum - probs_sort) > rows.top_ps.unsqueeze(1)
+    drop |= probs_sort < (probs_sort[:, :1] * rows.min_ps.unsqueeze(1))
+    probs_sort = probs_sort.masked_fill(drop, 0.0)
+    out = torch.zeros_like(probs).scatter_(1, probs_idx, probs_sort)
+    return out / out.sum(dim=-1, keepdim=True)

@@ -1,0 +1,171 @@
+"""The FASER speculative worker SGLang's scheduler drives.
+
+One decode step, for a continuous batch where every request has its own length:
+
+    lengths = policy.choose(requests)            # k_i in [0, K_max]
+    drafts  = draft phase (max k_i forwards)     # only requests with k_i > 0
+    logits  = verify phase (one ragged forward)  # k_i + 1 tokens per request
+    result  = accept(logits, drafts)             # greedy / rejection sampling
+    policy.observe(accepted)                     # feeds the next step's lengths
+
+The scheduler owns KV allocation (it reserves 2 * (K_max + 1) slots past each
+request's committed length before the step), commits ``accept_lens`` tokens per
+request afterwards and frees everything when a request ends; the worker only
+writes into the reserved slots.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import replace
+from typing import Optional
+
+import torch
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.logprob_processor import compute_spec_v2_logprobs
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+
+from faser_sglang.config import FaserConfig
+from faser_sglang.layout import RaggedLayout
+from faser_sglang.metrics import FaserStats
+from faser_sglang.spec_worker.accept import AcceptResult, accept
+from faser_sglang.spec_worker.draft import DraftPhase
+from faser_sglang.spec_worker.policy import make_policy
+from faser_sglang.spec_worker.sampling import SamplingRows
+from faser_sglang.spec_worker.state import FaserDraftState
+from faser_sglang.spec_worker.validation import check_draft_matches_target
+from faser_sglang.spec_worker.verify import VerifyPhase
+
+logger = logging.getLogger(__name__)
+
+
+class FaserWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id: int, ps, nccl_port: int, target_worker: TpModelWorker):
+        super().__init__()
+        self.server_args = server_args
+        self.device = server_args.device
+        self.k_max: int = server_args.speculative_num_steps
+        self.config = FaserConfig.from_env()
+        self._target_worker = target_worker
+        self._draft_worker = TpModelWorker(
+            server_args=server_args,
+            gpu_id=gpu_id,
+            ps=replace(ps, pp_rank=0),  # speculative workers run without pipeline parallelism
+            nccl_port=nccl_port,
+            is_draft_worker=True,
+        )
+        check_draft_matches_target(target_worker, self._draft_worker)
+        self.policy = make_policy(self.config)
+        self.stats = FaserStats(trace_path=self.config.trace_path)
+        self.generator: Optional[torch.Generator] = None
+        if self.config.seed is not None:
+            self.generator = torch.Generator(device=self.device).manual_seed(self.config.seed)
+        logger.info("FASER worker: K_max=%d config=%s", self.k_max, self.config.to_dict())
+
+    # SGLang lifecycle -------------------------------------------------------
+
+    @property
+    def draft_runner(self):
+        return self._draft_worker.model_runner
+
+    def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
+        super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
+        vocab = self._target_worker.model_runner.model_config.vocab_size
+        self.draft_phase = DraftPhase(self.draft_runner, req_to_token_pool, self.k_max, vocab)
+        self.verify_phase = VerifyPhase(self._target_worker.model_runner, req_to_token_pool)
+
+    def init_cuda_graphs(self) -> None:
+        # FASER drives the draft model itself; SGLang's draft decode graphs assume
+        # EAGLE-style inputs, so the draft runner captures none.
+        self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=False)
+
+    def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        self.policy.forget(rid)
+
+    # One scheduler step -----------------------------------------------------
+
+    def forward_batch_generation(
+        self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
+    ) -> GenerationBatchResult:
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return self._prefill(batch)
+        return self._decode(batch)
+
+    def _prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
+        """Target prefill samples each request's first token; the draft model
+        prefills the same tokens into its own KV so drafting can start next step."""
+        result = self._target_worker.forward_batch_generation(batch)
+        draft_view = _without_spec_info(batch)
+        fb = ForwardBatch.init_new(
+            draft_view,
+            self.draft_runner,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            return_hidden_states_before_norm=False,
+        )
+        fb.return_logprob = False
+        self.draft_runner.forward(fb)
+        # Spec convention: seq_lens stays the committed length; the sampled token is
+        # the bonus token of the first decode step.
+        result.new_seq_lens = batch.seq_lens
+        result.next_draft_input = FaserDraftState(batch.seq_lens_cpu.tolist())
+        return result
+
+    def _decode(self, batch: ScheduleBatch) -> GenerationBatchResult:
+        started = time.perf_counter()
+        state: FaserDraftState = batch.spec_info
+        rids = [req.rid for req in batch.reqs]
+        lengths = self.policy.choose(rids, self.k_max)
+        layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
+        sampling = SamplingRows.from_sampling_info(batch.sampling_info)
+
+        drafts = self.draft_phase.run(batch, layout, state.draft_kv_lens, sampling, self.generator)
+        bonus = self.verify_phase.bonus_tokens(batch)
+        logits = layout.to_padded(
+            self.verify_phase.run(batch, layout, bonus, drafts.tokens)
+        )  # [bs, K+1, V]
+        result = accept(logits, drafts.tokens, drafts.probs, layout.draft_lens, sampling, self.generator)
+
+        accept_lens = result.accept_lens.tolist()
+        num_accepted = [a - 1 for a in accept_lens]
+        self.policy.observe(rids, lengths, num_accepted)
+        self.stats.record(rids, lengths, num_accepted, started)
+        seq_lens = batch.seq_lens_cpu.tolist()
+        # Draft KV stays valid up to the last committed token it was fed.
+        next_kv = [min(d, n + a) for d, n, a in zip(drafts.draft_kv_lens, seq_lens, accept_lens)]
+        return self._result(batch, result, logits, FaserDraftState(next_kv))
+
+    def _result(
+        self,
+        batch: ScheduleBatch,
+        result: AcceptResult,
+        logits: torch.Tensor,  # [bs, K+1, V]
+        next_state: FaserDraftState,
+    ) -> GenerationBatchResult:
+        bs, width = result.tokens.shape
+        predict = result.tokens.reshape(-1)  # [bs * (K+1)], row i at i * (K+1)
+        logits_output = LogitsProcessorOutput(next_token_logits=logits.reshape(bs * width, -1))
+        if batch.return_logprob:
+            accept_index = torch.arange(bs * width, device=predict.device).view(bs, width)
+            compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, self.k_max)
+        accept_lens = result.accept_lens.to(torch.int32)
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=predict,
+            accept_lens=accept_lens,
+            new_seq_lens=batch.seq_lens + accept_lens.to(batch.seq_lens.dtype),
+            next_draft_input=next_state,
+            speculative_num_draft_tokens=width,
+            can_run_cuda_graph=False,
+        )
+
+
+def _without_spec_info(batch: ScheduleBatch) -> ScheduleBatch:
+    view = copy.copy(batch)
+    view.spec_info = None
+    return view
