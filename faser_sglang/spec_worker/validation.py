@@ -82,7 +82,7 @@ def handle_server_args(server_args) -> None:
 def check_draft_matches_target(target_worker, draft_worker) -> None:
     """Refuse a draft whose vocabulary differs from the target's."""
     target_vocab = target_worker.model_runner.model_config.vocab_size
-    draft_vocab = draft_worker.model_runner.model_config.vocab_size
+    draft_vocab = draft_worker.draft_runner.model_config.vocab_size
     if target_vocab != draft_vocab:
         raise ValueError(
             f"FASER needs a draft with the target's vocabulary: target vocab_size="

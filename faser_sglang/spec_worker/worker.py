@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -36,6 +35,7 @@ from faser_sglang.layout import RaggedLayout
 from faser_sglang.metrics import FaserStats
 from faser_sglang.spec_worker.accept import AcceptResult, accept
 from faser_sglang.spec_worker.draft import DraftPhase
+from faser_sglang.spec_worker.draft_model import DraftModel
 from faser_sglang.spec_worker.policy import make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.spec_worker.state import FaserDraftState
@@ -53,13 +53,7 @@ class FaserWorker(BaseSpecWorker):
         self.k_max: int = server_args.speculative_num_steps
         self.config = FaserConfig.from_env()
         self._target_worker = target_worker
-        self._draft_worker = TpModelWorker(
-            server_args=server_args,
-            gpu_id=gpu_id,
-            ps=replace(ps, pp_rank=0),  # speculative workers run without pipeline parallelism
-            nccl_port=nccl_port,
-            is_draft_worker=True,
-        )
+        self._draft_worker = DraftModel(server_args, gpu_id, ps, nccl_port)
         check_draft_matches_target(target_worker, self._draft_worker)
         self.policy = make_policy(self.config)
         self.stats = FaserStats(trace_path=self.config.trace_path)
@@ -72,18 +66,13 @@ class FaserWorker(BaseSpecWorker):
 
     @property
     def draft_runner(self):
-        return self._draft_worker.model_runner
+        return self._draft_worker.draft_runner
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
         vocab = self._target_worker.model_runner.model_config.vocab_size
         self.draft_phase = DraftPhase(self.draft_runner, req_to_token_pool, self.k_max, vocab)
         self.verify_phase = VerifyPhase(self._target_worker.model_runner, req_to_token_pool)
-
-    def init_cuda_graphs(self) -> None:
-        # FASER drives the draft model itself; SGLang's draft decode graphs assume
-        # EAGLE-style inputs, so the draft runner captures none.
-        self._draft_worker.init_cuda_graphs(capture_decode_cuda_graph=False)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.policy.forget(rid)
