@@ -1,0 +1,54 @@
+"""Shared fixtures: tiny models built once per test session (seconds, no downloads)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+
+from faser_sglang.kit.tiny import build_identity_transition_model, build_tiny_llama
+
+
+@dataclass(frozen=True)
+class TinyModels:
+    target: Path  # random tiny Llama
+    draft: Path  # the target with noisy weights: partial, prompt-dependent acceptance
+    identity: Path  # next token depends only on the current token
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> TinyModels:
+    root = tmp_path_factory.mktemp("models")
+    target = build_tiny_llama(root / "target", seed=1)
+    return TinyModels(
+        target=target,
+        draft=perturbed_copy(target, root / "draft", 0.05, seed=2),
+        identity=build_identity_transition_model(root / "identity", seed=3),
+    )
+
+
+def perturbed_copy(src: Path, dst: Path, noise: float, seed: int) -> Path:
+    """Save src with Gaussian noise of ``noise`` x each tensor's std added to every
+    weight: a draft that agrees with its target often but not always."""
+    model = LlamaForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * p.std() * noise)
+    model.save_pretrained(str(dst))
+    AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(dst))
+    return dst
+
+
+def write_faser_config(path: Path, **fields) -> dict[str, str]:
+    """Write a FASER config file and return the env that selects it."""
+    path.write_text(json.dumps(fields))
+    return {"FASER_CONFIG": str(path)}
+
+
+def read_trace(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
