@@ -3,11 +3,13 @@
 SGLang runs every ``sglang.srt.plugins`` entry point once per process
 (launcher, engine, each scheduler) before it parses arguments, so
 ``--speculative-algorithm FASER`` resolves everywhere through SGLang's own
-registry. Nothing in SGLang is patched.
+registry. One hook, through SGLang's HookRegistry, keeps the target model from
+capturing decode CUDA graphs it would capture for EAGLE-style verification.
 """
 
 from __future__ import annotations
 
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
@@ -51,6 +53,20 @@ def _worker_factory(server_args):
     return FaserWorker
 
 
+CAPTURE_CUDA_GRAPHS = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_cuda_graphs"
+
+
+def _no_target_decode_graphs(original, *args, **kwargs):
+    """SGLang captures a speculative target's decode graphs in TARGET_VERIFY mode with
+    a fixed verify width and EAGLE inputs. FASER verifies with ragged EXTEND forwards
+    (which may use the prefill graphs) and never runs the target in decode mode, so
+    the target skips those graphs instead of failing to capture them."""
+    runner = kwargs.get("model_runner")
+    if isinstance(runner.spec_algorithm, FaserSpecAlgo) and not runner.is_draft_worker:
+        kwargs["capture_decode_cuda_graph"] = False
+    return original(*args, **kwargs)
+
+
 def register() -> None:
     """Entry point (group ``sglang.srt.plugins``); safe to call more than once."""
     if _registered():
@@ -61,6 +77,7 @@ def register() -> None:
         validate_server_args=validation.validate_server_args,
         spec_class=FaserSpecAlgo,
     )(_worker_factory)
+    HookRegistry.register(CAPTURE_CUDA_GRAPHS, _no_target_decode_graphs, HookType.AROUND)
 
 
 def _registered() -> bool:

@@ -21,6 +21,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardBatch,
     ForwardMode,
 )
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class RowSelection:
 
 def _select_rows(batch: ScheduleBatch, sel: Optional[RowSelection]) -> ScheduleBatch:
     view = copy.copy(batch)
+    # Plain forwards: no speculative input for attention backends or graph runners.
+    view.spec_algorithm = SpeculativeAlgorithm.NONE
     view.spec_info = None
     view.return_logprob = False
     view.return_hidden_states = False

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 
 class DraftModel:
@@ -22,6 +23,10 @@ class DraftModel:
             nccl_port=nccl_port,
             is_draft_worker=True,
         )
+        # FASER feeds its draft plain EXTEND / DECODE forwards, so the draft runner
+        # is set up as an ordinary decoder (plain attention metadata, plain DECODE
+        # CUDA graphs), not as an EAGLE-style draft of a speculative algorithm.
+        self.worker.model_runner.spec_algorithm = SpeculativeAlgorithm.NONE
 
     @property
     def draft_runner(self):
@@ -60,6 +65,4 @@ class DraftModel:
         self.worker.init_attention_backends()
 
     def init_cuda_graphs(self) -> None:
-        # SGLang's decode graphs for a speculative draft runner assume EAGLE-style
-        # inputs; FASER's draft forwards run eagerly.
-        self.worker.init_cuda_graphs(capture_decode_cuda_graph=False)
+        self.worker.init_cuda_graphs(capture_decode_cuda_graph=True)
