@@ -20,15 +20,18 @@ class TinyModels:
     identity: Path  # next token depends only on the current token
 
 
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory) -> TinyModels:
-    root = tmp_path_factory.mktemp("models")
-    target = build_tiny_llama(root / "target", seed=1)
+def build_tiny_models(root: Path, **shape: int) -> TinyModels:
+    target = build_tiny_llama(root / "target", seed=1, **shape)
     return TinyModels(
         target=target,
         draft=perturbed_copy(target, root / "draft", 0.05, seed=2),
-        identity=build_identity_transition_model(root / "identity", seed=3),
+        identity=build_identity_transition_model(root / "identity", seed=3, **shape),
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> TinyModels:
+    return build_tiny_models(tmp_path_factory.mktemp("models"))
 
 
 def perturbed_copy(src: Path, dst: Path, noise: float, seed: int) -> Path:

@@ -130,7 +130,7 @@ def build_tiny_llama(
     return out
 
 
-def build_identity_transition_model(out_dir: str | Path, seed: int = 0) -> Path:
+def build_identity_transition_model(out_dir: str | Path, seed: int = 0, **shape: int) -> Path:
     """Save a tiny Llama whose next token depends only on the current token.
 
     Every attention ``o_proj`` and MLP ``down_proj`` weight is zeroed, so each
@@ -138,7 +138,7 @@ def build_identity_transition_model(out_dir: str | Path, seed: int = 0) -> Path:
     is the current token's embedding. Used as its own draft model, a greedy
     speculative decoder must therefore accept every drafted token.
     """
-    out = build_tiny_llama(out_dir, seed=seed)
+    out = build_tiny_llama(out_dir, seed=seed, **shape)
     model = LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     with torch.no_grad():
         for layer in model.model.layers:

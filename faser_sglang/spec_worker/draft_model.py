@@ -23,10 +23,6 @@ class DraftModel:
             nccl_port=nccl_port,
             is_draft_worker=True,
         )
-        # FASER feeds its draft plain EXTEND / DECODE forwards, so the draft runner
-        # is set up as an ordinary decoder (plain attention metadata, plain DECODE
-        # CUDA graphs), not as an EAGLE-style draft of a speculative algorithm.
-        self.worker.model_runner.spec_algorithm = SpeculativeAlgorithm.NONE
 
     @property
     def draft_runner(self):
@@ -60,6 +56,11 @@ class DraftModel:
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool_allocator=token_to_kv_pool_allocator,
         )
+        # The pools above are sized as a speculative draft's (from the target's
+        # memory plan). From here on FASER feeds the draft plain EXTEND / DECODE
+        # forwards, so its attention backend and CUDA graphs are set up as an
+        # ordinary decoder's, not as an EAGLE-style draft's.
+        self.worker.model_runner.spec_algorithm = SpeculativeAlgorithm.NONE
 
     def init_attention_backends(self) -> None:
         self.worker.init_attention_backends()

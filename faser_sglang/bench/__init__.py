@@ -1,0 +1,1 @@
+"""A/B benchmark pieces: request workloads, arrival traces and result reports."""

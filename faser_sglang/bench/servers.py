@@ -1,0 +1,170 @@
+"""Start SGLang servers (one per contender) and stop them cleanly.
+
+Every contender is the stock ``python -m sglang.launch_server`` with the same target
+model and different speculative flags, bound to a free loopback port. The launcher
+waits for ``/health_generate`` and kills the whole process tree on close, so
+contenders can run one after another on one GPU inside one job.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Mapping, Sequence
+
+import psutil
+import requests
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One way of serving the target: a name, extra launcher flags and env."""
+
+    name: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+def no_spec() -> Contender:
+    return Contender("no-spec")
+
+
+def standalone(draft: str, k: int) -> Contender:
+    return Contender(
+        f"standalone-k{k}",
+        (
+            "--speculative-algorithm", "STANDALONE",
+            "--speculative-draft-model-path", draft,
+            "--speculative-num-steps", str(k),
+            "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(k + 1),
+        ),
+    )  # fmt: skip
+
+
+def ngram(k: int = 4) -> Contender:
+    return Contender("ngram", ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k + 1)))
+
+
+def faser(draft: str, k_max: int, config_path: str | None = None, name: str = "faser") -> Contender:
+    env = {"FASER_CONFIG": config_path} if config_path else {}
+    return Contender(
+        name,
+        (
+            "--speculative-algorithm", "FASER",
+            "--speculative-draft-model-path", draft,
+            "--speculative-num-steps", str(k_max),
+        ),
+        env,
+    )  # fmt: skip
+
+
+@dataclass
+class Server:
+    """A running server; closing kills its process tree."""
+
+    base_url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, num_chars: int = 6000) -> str:
+        return self.log_path.read_text(errors="replace")[-num_chars:]
+
+    def close(self) -> None:
+        kill_tree(self.process)
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+
+def launch(
+    model_path: str | os.PathLike[str],
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    timeout: float = 600.0,
+    log_dir: str | os.PathLike[str] | None = None,
+) -> Server:
+    """Start ``sglang.launch_server`` on a free port and wait until it generates.
+
+    Raises RuntimeError with the log tail if it exits or is not ready in time.
+    """
+    port = free_port()
+    command = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model_path),
+        "--host", HOST,
+        "--port", str(port),
+        *args,
+    ]  # fmt: skip
+    log = tempfile.NamedTemporaryFile(
+        prefix=f"sglang-{port}-", suffix=".log", delete=False, dir=log_dir
+    )
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, **(env or {})},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # own process group, killed as a whole
+    )
+    log.close()
+    server = Server(f"http://{HOST}:{port}", process, Path(log.name))
+    try:
+        _wait_ready(server, timeout)
+    except BaseException:
+        server.close()
+        raise
+    return server
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(server: Server, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(
+                f"server exited with code {server.process.returncode}; log tail:\n{server.log_tail()}"
+            )
+        try:
+            if requests.get(server.base_url + "/health_generate", timeout=30).ok:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1.0)
+    raise RuntimeError(f"server not ready after {timeout:.0f}s; log tail:\n{server.log_tail()}")
+
+
+def kill_tree(process: subprocess.Popen) -> None:
+    """SIGKILL the process, its process group and any descendants that left it."""
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in descendants:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    process.wait()
+    psutil.wait_procs(descendants, timeout=10)

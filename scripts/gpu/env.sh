@@ -1,0 +1,10 @@
+# Sourced by the GPU scripts: install the offline SGLang bundle and this package
+# into /tmp/faser-site (kept while the machine stays warm) and set the environment.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PYTHONUNBUFFERED=1
+FASER_SITE=${FASER_SITE:-/tmp/faser-site}
+eval "$(bash scripts/gpu/install_bundle.sh "$FASER_SITE" | tail -1)"
+# This package goes next to the bundle so its sglang.srt.plugins entry point is found
+# by every SGLang process; no build isolation (no network there).
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$FASER_SITE" . >/dev/null
+export PYTHONPATH=$PWD/tests:$PYTHONPATH

@@ -1,0 +1,180 @@
+"""GPU end-to-end: FASER greedy output equals no-speculation on FlashInfer and Triton,
+the identity model accepts every draft, with and without the draft's CUDA graphs.
+
+Run on a CUDA machine with ``scripts/gpu/run_gpu_tests.sh`` (installs the pinned
+SGLang bundle first). bf16 greedy output can legitimately differ between batch
+shapes when two logits are within rounding of each other, so bf16 comparisons
+count only *non-tie* mismatches: at the first differing position the no-spec
+server's top-2 log-probabilities must be further apart than TIE_MARGIN for the
+mismatch to count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+
+from conftest import TinyModels, build_tiny_models, read_trace, write_faser_config
+from faser_sglang.bench.servers import launch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+K_MAX = 4
+TIE_MARGIN = 0.05  # nats between the top-2 log-probs below which bf16 may flip
+BASE_FLAGS = (
+    "--cuda-graph-backend-prefill", "disabled",  # saves ~70 s of capture per server
+    "--cuda-graph-max-bs", "32",
+    "--mem-fraction-static", "0.5",
+    # The target's memory plan does not reserve the FASER draft's KV pool; a token
+    # cap keeps both pools small (see README, known limitations).
+    "--max-total-tokens", "200000",
+)  # fmt: skip
+VARIANTS = {
+    # SGLang's CUDA RMSNorm has no float32 kernel, so GPU runs are bf16 (tie-checked).
+    "triton-bf16-graphs": ("--attention-backend", "triton", "--dtype", "bfloat16"),
+    "flashinfer-bf16-graphs": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
+    "flashinfer-bf16-eager": (
+        "--attention-backend", "flashinfer", "--dtype", "bfloat16",
+        "--cuda-graph-backend-decode", "disabled",
+    ),
+}  # fmt: skip
+PROMPTS = [
+    "def foo(x):",
+    "import os\n",
+    "hello",
+    "class A:\n    def __init__(self, value):\n        self.value = value\n",
+    "x = [1, 2, 3]\nfor i in x:\n    print(i)\n" * 8,
+    "print(",
+    "while True:\n    ",
+    "# A long comment about argument parsing and help text\n" * 20,
+    "return",
+    "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n",
+] * 3
+GREEDY = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+RESULTS = Path(os.environ.get("FASER_GPU_RESULTS", "gpu_results.jsonl"))
+
+
+@pytest.fixture(scope="session")
+def gpu_models(tmp_path_factory) -> TinyModels:
+    # FlashInfer kernels need head_dim >= 64: 256 hidden / 4 heads.
+    return build_tiny_models(tmp_path_factory.mktemp("gpu-models"), hidden_size=256, intermediate_size=512)
+
+
+def _post(url: str, payload: dict) -> dict:
+    r = requests.post(url + "/generate", json=payload, timeout=600)
+    r.raise_for_status()
+    return r.json()
+
+
+def _prompt_ids(model_dir: Path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    return [tok(p)["input_ids"] for p in PROMPTS]
+
+
+def _generate_all(url: str, prompt_ids: list[list[int]], params: dict) -> list[dict]:
+    with ThreadPoolExecutor(len(prompt_ids)) as pool:
+        return list(pool.map(lambda ids: _post(url, {"input_ids": ids, "sampling_params": params}), prompt_ids))
+
+
+def _reference(url: str, prompt_ids: list[list[int]]) -> list[dict]:
+    """Greedy no-spec outputs with the top-2 log-probs at every generated position."""
+    params = dict(GREEDY)
+    with ThreadPoolExecutor(len(prompt_ids)) as pool:
+        return list(
+            pool.map(
+                lambda ids: _post(
+                    url,
+                    {"input_ids": ids, "sampling_params": params, "return_logprob": True, "top_logprobs_num": 2},
+                ),
+                prompt_ids,
+            )
+        )
+
+
+def _divergences(ref: list[dict], got: list[dict]) -> list[dict]:
+    """For each mismatching request: where it diverged, the reference's top-2
+    margin there and whether the other token was the reference's runner-up."""
+    out = []
+    for r, g in zip(ref, got):
+        a, b = r["output_ids"], g["output_ids"]
+        if a == b:
+            continue
+        j = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        top = r["meta_info"]["output_top_logprobs"][j]  # [[logprob, token_id, text], ...]
+        out.append(
+            {
+                "position": j,
+                "margin": round(float(top[0][0] - top[1][0]), 4),
+                "runner_up": b[j] == top[1][1],
+            }
+        )
+    return out
+
+
+def _record(row: dict) -> None:
+    with RESULTS.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_equals_no_spec(variant, gpu_models, tmp_path):
+    flags = (*BASE_FLAGS, *VARIANTS[variant])
+    prompt_ids = _prompt_ids(gpu_models.target)
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", trace_path=str(trace))
+    faser_args = (
+        *flags,
+        "--speculative-algorithm", "FASER",
+        "--speculative-draft-model-path", str(gpu_models.draft),
+        "--speculative-num-steps", str(K_MAX),
+    )  # fmt: skip
+    with launch(gpu_models.target, flags) as server:
+        ref = _reference(server.base_url, prompt_ids)
+    with launch(gpu_models.target, faser_args, env=env) as fserver:
+        got = _generate_all(fserver.base_url, prompt_ids, GREEDY)
+    divergences = _divergences(ref, got)
+    mismatched = len(divergences)
+    real = sum(d["margin"] >= TIE_MARGIN for d in divergences)
+    steps = read_trace(trace)
+    accept = sum(sum(s["num_accepted"]) for s in steps) / max(1, sum(sum(s["draft_lens"]) for s in steps))
+    _record({"test": "greedy_equality", "variant": variant, "requests": len(PROMPTS),
+             "mismatched": mismatched, "non_tie_mismatches": real, "draft_accept_rate": round(accept, 3),
+             "steps": len(steps), "mixed_length_steps": sum(len(set(s["draft_lens"])) > 1 for s in steps),
+             "divergences": divergences})  # fmt: skip
+    assert real == 0
+
+
+@pytest.mark.parametrize("variant", ["flashinfer-bf16-graphs"])
+def test_identity_model_accepts_every_draft(variant, gpu_models, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy="fixed", trace_path=str(trace))
+    args = (
+        *BASE_FLAGS, *VARIANTS[variant],
+        "--speculative-algorithm", "FASER",
+        "--speculative-draft-model-path", str(gpu_models.identity),
+        "--speculative-num-steps", str(K_MAX),
+    )  # fmt: skip
+    with launch(gpu_models.identity, args, env=env) as server:
+        outs = _generate_all(
+            server.base_url,
+            _prompt_ids(gpu_models.identity),
+            {"max_new_tokens": 41, "temperature": 0, "ignore_eos": True},
+        )
+    steps = read_trace(trace)
+    drafted = sum(sum(s["draft_lens"]) for s in steps)
+    accepted = sum(sum(s["num_accepted"]) for s in steps)
+    mean_len = sum(o["meta_info"]["spec_accept_length"] for o in outs) / len(outs)
+    _record({"test": "identity_acceptance", "variant": variant, "drafted": drafted,
+             "accepted": accepted, "mean_spec_accept_length": round(mean_len, 3)})  # fmt: skip
+    assert drafted > 0 and accepted == drafted

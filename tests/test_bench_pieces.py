@@ -1,0 +1,220 @@
+"""Benchmark workloads, arrival traces and report arithmetic (CPU, no server)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from faser_sglang.bench import report, traces, workloads
+from faser_sglang.bench.report import RequestRecord, WindowSample
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# --- workloads ---------------------------------------------------------------
+
+
+def test_humaneval_has_all_164_prompts():
+    reqs = workloads.humaneval()
+    assert len(reqs) == 164
+    assert len({r.id for r in reqs}) == 164
+    assert reqs[0].id == "HumanEval/0" and "def has_close_elements" in reqs[0].prompt
+    assert all(r.max_new_tokens == 256 for r in reqs)
+    assert len(workloads.load("humaneval", n=10)) == 10
+
+
+def test_sharegpt_reads_truncated_dump_and_is_seeded():
+    # The dump ends mid-record; every complete record before it must be recovered.
+    assert sum(1 for _ in workloads._sharegpt_records()) > 17000
+    a = workloads.sharegpt(1000, seed=7)
+    assert a == workloads.sharegpt(1000, seed=7)
+    assert len({r.id for r in a}) == 1000
+    assert all(r.prompt.strip() for r in a)
+    budgets = [r.max_new_tokens for r in a]
+    assert min(budgets) >= 4 and max(budgets) <= 1024
+    assert len(set(budgets)) > 100  # taken from the recorded answers, not a constant
+    other = workloads.sharegpt(50, seed=8, max_new_tokens=128)
+    assert [r.id for r in other] != [r.id for r in a[:50]]
+    assert {r.max_new_tokens for r in other} == {128}
+
+
+def test_long_context_inputs_are_long_with_short_outputs():
+    reqs = workloads.load("long", n=20, seed=3)
+    assert len(reqs) == 20
+    assert all(len(r.prompt) >= 8000 for r in reqs)
+    assert all(r.max_new_tokens == 32 for r in reqs)
+    assert {r.category for r in reqs} == {"summarize", "functions"}
+    questions = ("Summarize what the code above does.", "Which functions are defined above?")
+    assert all(r.prompt.endswith(questions) for r in reqs)
+    assert reqs == workloads.long_context(20, seed=3)
+
+
+def test_load_rejects_unknown_workload():
+    with pytest.raises(ValueError):
+        workloads.load("mmlu", n=1)
+
+
+# --- traces ------------------------------------------------------------------
+
+
+def test_poisson_rate_matches():
+    trace = traces.poisson(4.0, n=20000, seed=0)
+    gaps = np.diff(np.concatenate([[0.0], trace.arrivals]))
+    assert np.mean(gaps) == pytest.approx(0.25, rel=0.03)
+    assert np.std(gaps) == pytest.approx(0.25, rel=0.05)  # exponential: std == mean
+    by_time = traces.poisson(4.0, duration=5000.0, seed=1)
+    assert len(by_time.arrivals) / 5000.0 == pytest.approx(4.0, rel=0.03)
+    assert by_time.phase_of(10.0) == "steady"
+
+
+def test_bursty_peak_to_valley_and_mean_rate():
+    trace = traces.bursty(mean_rate=5.0, peak_to_valley=20.0, duration=3600.0, seed=1)
+    assert np.all(np.diff(trace.arrivals) >= 0)
+    assert trace.arrivals.min() >= 0 and trace.arrivals.max() <= 3600.0
+    assert trace.schedule.mean_rate() == pytest.approx(5.0)
+    assert len(trace.arrivals) / 3600.0 == pytest.approx(5.0, rel=0.05)
+    measured = trace.phase_rates()
+    assert measured["peak"] / measured["valley"] == pytest.approx(20.0, rel=0.1)
+    # Bursts last seconds to minutes.
+    lengths = [end - start for start, end in trace.schedule.spans("peak")]
+    assert min(lengths) >= 5.0 - 1e-9 and max(lengths) <= 120.0 + 1e-9
+    peak_start, _ = trace.schedule.spans("peak")[0]
+    assert trace.phase_of(peak_start + 1e-6) == "peak"
+
+
+def test_bursty_is_deterministic_and_bounded():
+    a = traces.bursty(2.0, 10.0, 600.0, seed=4)
+    b = traces.bursty(2.0, 10.0, 600.0, seed=4)
+    assert np.array_equal(a.arrivals, b.arrivals)
+    assert not np.array_equal(a.arrivals, traces.bursty(2.0, 10.0, 600.0, seed=5).arrivals)
+    with pytest.raises(ValueError):
+        traces.bursty(2.0, 50.0, 600.0)
+
+
+def test_rescale_speeds_up_trace():
+    trace = traces.bursty(2.0, 10.0, 600.0, seed=4)
+    fast = traces.rescale(trace, 3.0)
+    assert fast.duration == pytest.approx(200.0)
+    assert fast.schedule.mean_rate() == pytest.approx(6.0)
+    assert np.allclose(fast.arrivals * 3.0, trace.arrivals)
+    assert fast.phase_of(trace.schedule.spans("peak")[0][0] / 3.0 + 1e-6) == "peak"
+
+
+def test_plot_trace_writes_png(tmp_path):
+    path = traces.plot_trace(traces.bursty(3.0, 20.0, 900.0, seed=2), tmp_path / "trace.png")
+    assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+# --- report ------------------------------------------------------------------
+
+
+def _records(contender: str, scale: float, tokens: int, accept=None) -> list[RequestRecord]:
+    """101 requests, one per second; latency i * scale for request i = 0..100."""
+    return [
+        RequestRecord(
+            contender=contender,
+            request_id=f"r{i}",
+            arrival=float(i),
+            ttft=i * scale,
+            e2e=i * scale * 10,
+            output_tokens=tokens,
+            tpot=i * scale / 100,
+            accept_length=accept,
+            phase="peak" if i % 2 else "valley",
+        )
+        for i in range(101)
+    ]
+
+
+def _report_inputs():
+    records = (
+        _records("no-spec", 0.01, 100)
+        + _records("standalone-k2", 0.005, 100, accept=2.0)
+        + _records("standalone-k4", 0.004, 100, accept=3.0)
+        + _records("faser", 0.002, 100, accept=4.0)
+    )
+    windows = [
+        WindowSample(name, float(t), tput, running=8, phase="peak" if t % 20 < 10 else "valley")
+        for name, tput in [("no-spec", 100.0), ("faser", 300.0)]
+        for t in range(0, 100, 5)
+    ]
+    return records, windows
+
+
+def test_summary_percentiles_throughput_and_accept_length():
+    records, windows = _report_inputs()
+    by_name = {s.contender: s for s in report.summarize(records, windows)}
+    base = by_name["no-spec"]
+    assert base.requests == 101
+    assert (base.ttft.p50, base.ttft.p90, base.ttft.p99) == pytest.approx((0.5, 0.9, 0.99))
+    assert base.e2e.p99 == pytest.approx(9.9)
+    assert base.tpot.p50 == pytest.approx(0.005)
+    # 10100 tokens from first arrival (0 s) to last completion (100 + 10 s).
+    assert base.duration == pytest.approx(110.0)
+    assert base.throughput == pytest.approx(10100 / 110.0)
+    assert base.accept_length is None
+    assert by_name["faser"].accept_length == pytest.approx(4.0)
+    assert base.phases["peak"].requests == 50 and base.phases["valley"].requests == 51
+    assert base.phases["peak"].throughput == pytest.approx(100.0)
+    assert by_name["standalone-k2"].phases["peak"].throughput is None
+
+
+def test_accept_length_pools_verify_steps():
+    recs = [
+        RequestRecord("s", "a", 0.0, 0.1, 1.0, 300, 0.01, accept_length=3.0),  # 100 steps
+        RequestRecord("s", "b", 0.0, 0.1, 1.0, 100, 0.01, accept_length=1.0),  # 100 steps
+    ]
+    assert report.summarize(recs)[0].accept_length == pytest.approx(2.0)
+
+
+def test_one_token_outputs_have_no_tpot():
+    recs = [
+        RequestRecord("s", "a", 0.0, 0.1, 0.1, 1, None),
+        RequestRecord("s", "b", 0.0, 0.1, 1.0, 11, 0.09),
+    ]
+    summary = report.summarize(recs)[0]
+    assert summary.tpot.p99 == pytest.approx(0.09)
+    assert report.summarize(recs[:1])[0].tpot is None
+
+
+def test_ratios_to_baseline_and_best_of_group(tmp_path):
+    records, windows = _report_inputs()
+    rep = report.build_report(
+        records, windows, baseline="no-spec", groups={"best STANDALONE": ["standalone-k2", "standalone-k4"]}
+    )
+    # Equal token counts, so throughput is set by the last completion: 100 + 100 * scale * 10.
+    assert rep.best_of == {"best STANDALONE": "standalone-k4"}
+    faser = rep.ratios["faser"]
+    assert faser["no-spec"].throughput == pytest.approx(110.0 / 102.0)
+    assert faser["no-spec"].tpot_p50 == pytest.approx(0.2)
+    assert faser["best STANDALONE"].reference == "standalone-k4"
+    assert faser["best STANDALONE"].e2e_p99 == pytest.approx(0.5)
+    assert rep.ratios["no-spec"]["no-spec"].throughput == pytest.approx(1.0)
+
+    table = rep.markdown_table()
+    lines = table.strip().splitlines()
+    assert len(lines) == 2 + 4  # header, separator, one row per contender
+    names = [line.split("|")[1].strip() for line in lines[2:]]
+    assert names == ["no-spec", "standalone-k2", "standalone-k4", "faser"]
+    assert "best STANDALONE (standalone-k4)" in lines[0]
+    assert f"{110.0 / 102.0:.2f}x" in lines[-1] and "0.20x" in lines[-1]
+
+    data = json.loads(rep.write_json(tmp_path / "report.json").read_text())
+    assert data["best_of"] == {"best STANDALONE": "standalone-k4"}
+    assert len(data["summaries"]) == 4
+
+    with pytest.raises(ValueError):
+        report.build_report(records, baseline="missing")
+    with pytest.raises(ValueError):
+        report.build_report(records, groups={"g": ["standalone-k9"]})
+
+
+def test_report_plots_are_pngs(tmp_path):
+    records, windows = _report_inputs()
+    over_time = report.plot_over_time(records, windows, tmp_path / "time.png", peak_spans=[(0.0, 10.0)])
+    summaries = report.summarize(records, windows)
+    sweep = report.plot_rate_sweep({1.0: summaries, 2.0: summaries, 4.0: summaries}, tmp_path / "sweep.png")
+    for path in (over_time, sweep):
+        assert path.read_bytes()[:8] == PNG_MAGIC
