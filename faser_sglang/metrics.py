@@ -4,7 +4,8 @@ SGLang already reports the mean accepted length in its decode log line and
 ``spec_accept_length`` / ``spec_verify_ct`` per request; this adds what is specific
 to per-request lengths: how often each length was chosen and how many drafts were
 accepted, logged every ``log_interval`` steps, plus an optional per-step trace file
-for offline analysis and tests.
+for offline analysis, the cost profiler and tests (with per-phase times: draft,
+verify, accept).
 """
 
 from __future__ import annotations
@@ -16,25 +17,54 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import IO, Optional, Sequence
 
+import torch
+
 logger = logging.getLogger(__name__)
+
+
+class PhaseClock:
+    """Wall time of each phase of a step, for the trace (and the cost profiler).
+
+    Device work is asynchronous, so an enabled clock synchronizes the device at
+    every mark; a disabled clock (no trace) does nothing and costs nothing.
+    """
+
+    def __init__(self, enabled: bool, device: str):
+        self.enabled = enabled
+        self.device = device
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        if not self.enabled:
+            return
+        if self.device.startswith("cuda"):
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        self.seconds[phase] = now - self._last
+        self._last = now
 
 
 @dataclass
 class StepRecord:
     step: int
     rids: Sequence[str]
+    seq_lens: Sequence[int]
     draft_lens: Sequence[int]
     num_accepted: Sequence[int]
     seconds: float
+    phase_seconds: dict[str, float]
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "step": self.step,
                 "rids": list(self.rids),
+                "seq_lens": list(self.seq_lens),
                 "draft_lens": list(self.draft_lens),
                 "num_accepted": list(self.num_accepted),
                 "seconds": round(self.seconds, 6),
+                **{f"{k}_seconds": round(v, 6) for k, v in self.phase_seconds.items()},
             }
         )
 
@@ -49,12 +79,17 @@ class FaserStats:
     length_hist: Counter = field(default_factory=Counter)
     _trace: Optional[IO[str]] = None
 
+    def clock(self, device: str) -> PhaseClock:
+        return PhaseClock(self.trace_path is not None, device)
+
     def record(
         self,
         rids: Sequence[str],
+        seq_lens: Sequence[int],
         draft_lens: Sequence[int],
         num_accepted: Sequence[int],
         started: float,
+        clock: PhaseClock,
     ) -> None:
         self.steps += 1
         self.drafted += sum(draft_lens)
@@ -63,7 +98,15 @@ class FaserStats:
         if self.trace_path is not None:
             if self._trace is None:
                 self._trace = open(self.trace_path, "a", buffering=1)
-            rec = StepRecord(self.steps, rids, draft_lens, num_accepted, time.perf_counter() - started)
+            rec = StepRecord(
+                self.steps,
+                rids,
+                seq_lens,
+                draft_lens,
+                num_accepted,
+                time.perf_counter() - started,
+                clock.seconds,
+            )
             self._trace.write(rec.to_json() + "\n")
         if self.steps % self.log_interval == 0:
             logger.info("FASER %s", self.summary())

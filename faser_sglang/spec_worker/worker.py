@@ -107,24 +107,29 @@ class FaserWorker(BaseSpecWorker):
 
     def _decode(self, batch: ScheduleBatch) -> GenerationBatchResult:
         started = time.perf_counter()
+        clock = self.stats.clock(self.device)
         state: FaserDraftState = batch.spec_info
         rids = [req.rid for req in batch.reqs]
+        seq_lens = batch.seq_lens_cpu.tolist()
         lengths = self.policy.choose(rids, self.k_max)
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
         sampling = SamplingRows.from_sampling_info(batch.sampling_info)
+        clock.mark("policy")
 
         drafts = self.draft_phase.run(batch, layout, state.draft_kv_lens, sampling, self.generator)
+        clock.mark("draft")
         bonus = self.verify_phase.bonus_tokens(batch)
         logits = layout.to_padded(
             self.verify_phase.run(batch, layout, bonus, drafts.tokens)
         )  # [bs, K+1, V]
+        clock.mark("verify")
         result = accept(logits, drafts.tokens, drafts.probs, layout.draft_lens, sampling, self.generator)
 
         accept_lens = result.accept_lens.tolist()
+        clock.mark("accept")
         num_accepted = [a - 1 for a in accept_lens]
         self.policy.observe(rids, lengths, num_accepted)
-        self.stats.record(rids, lengths, num_accepted, started)
-        seq_lens = batch.seq_lens_cpu.tolist()
+        self.stats.record(rids, seq_lens, lengths, num_accepted, started, clock)
         # Draft KV stays valid up to the last committed token it was fed.
         next_kv = [min(d, n + a) for d, n, a in zip(drafts.draft_kv_lens, seq_lens, accept_lens)]
         return self._result(batch, result, logits, FaserDraftState(next_kv))

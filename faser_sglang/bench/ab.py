@@ -1,0 +1,231 @@
+"""The A/B benchmark: every contender on the same target, workload and arrival trace.
+
+    python -m faser_sglang.bench.ab --target T --draft D --out results/ab \
+        [--workload humaneval|sharegpt|long] [--trace bursty|poisson] \
+        [--rate 4] [--peak-to-valley 20] [--duration 300] \
+        [--contenders no-spec standalone-k1 standalone-k3 standalone-k5 standalone-k7 ngram adaptive faser] \
+        [--sweep-rates 1 4 16] [--quick] [--server-args ...]
+
+Contenders are real SGLang servers launched one after another on the same GPU:
+no speculation; STANDALONE with the same draft at fixed lengths; NGRAM; SGLang's
+``--speculative-adaptive`` (0.5.17 supports it only for EAGLE/EAGLE3 heads, so with a
+separate draft model it is reported as unavailable rather than silently run as
+fixed STANDALONE); FASER. Each replays the same seeded trace (Poisson or bursty
+Markov-modulated Poisson) of the same workload, greedy, and the run checks every
+contender produced the same tokens as no-spec (a mismatch is printed loudly: greedy
+speculation must be lossless up to bf16 near-ties). Outputs in ``--out``: report.json,
+table.md, trace.png, over_time.png, and rate_sweep.png with ``--sweep-rates``.
+``--quick`` (60 s bursty trace; no-spec, standalone-k3, faser) fits one device call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from faser_sglang.bench import report as rep
+from faser_sglang.bench import servers, traces, workloads
+from faser_sglang.bench.client import ReplayResult, replay
+
+QUICK_CONTENDERS = ("no-spec", "standalone-k3", "faser")
+ALL_CONTENDERS = (
+    "no-spec", "standalone-k1", "standalone-k3", "standalone-k5", "standalone-k7", "ngram", "adaptive", "faser",
+)  # fmt: skip
+UNAVAILABLE = {
+    "adaptive": "SGLang 0.5.17's --speculative-adaptive runs only with EAGLE/EAGLE3 draft heads "
+    "(adaptive_unsupported_reason); this pair has a separate draft model, no EAGLE head",
+}
+WINDOW_S = 5.0
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+@dataclass(frozen=True)
+class ContenderRun:
+    name: str
+    result: ReplayResult
+
+
+def contender(name: str, draft: str, k_max: int, faser_config: str | None) -> servers.Contender:
+    if name == "no-spec":
+        return servers.no_spec()
+    if name.startswith("standalone-k"):
+        return servers.standalone(draft, int(name.removeprefix("standalone-k")))
+    if name == "ngram":
+        return servers.ngram()
+    if name == "faser":
+        return servers.faser(draft, k_max, faser_config)
+    raise ValueError(f"unknown contender {name!r}; choose from {ALL_CONTENDERS}")
+
+
+def build_trace(args: argparse.Namespace, rate: float | None = None) -> traces.Trace:
+    if rate is not None or args.trace == "poisson":
+        return traces.poisson(rate or args.rate, duration=args.duration, seed=args.seed)
+    return traces.bursty(
+        args.rate,
+        args.peak_to_valley,
+        args.duration,
+        seed=args.seed,
+        burst_seconds=(args.burst_min, args.burst_max),
+    )
+
+
+def requests_for(trace: traces.Trace, args: argparse.Namespace) -> list[workloads.Request]:
+    n = len(trace.arrivals)
+    pool = workloads.load(args.workload, None if args.workload == "humaneval" else max(n, 1), seed=args.seed)
+    reqs = [pool[i % len(pool)] for i in range(n)]
+    if args.max_new_tokens:
+        reqs = [workloads.Request(r.id, r.prompt, args.max_new_tokens, r.category) for r in reqs]
+    return reqs
+
+
+def run_contenders(
+    args: argparse.Namespace, trace: traces.Trace, reqs: list[workloads.Request]
+) -> list[ContenderRun]:
+    runs = []
+    for name in args.contenders:
+        if name in UNAVAILABLE:
+            print(f"[ab] {name}: not run: {UNAVAILABLE[name]}", flush=True)
+            continue
+        c = contender(name, args.draft, args.k_max, args.faser_config)
+        t0 = time.monotonic()
+        with servers.launch(args.target, (*args.server_args, *c.args), env=c.env, timeout=1200) as server:
+            print(f"[ab] {name}: ready in {time.monotonic() - t0:.0f}s; replaying {len(reqs)} requests", flush=True)
+            replay(server.base_url, reqs[:4], [0.0] * min(4, len(reqs)), GREEDY)  # warm-up
+            result = replay(server.base_url, reqs, list(trace.arrivals), GREEDY)
+        failed = [t for t in result.timings if t.error]
+        if failed:
+            raise RuntimeError(f"{name}: {len(failed)} requests failed, e.g. {failed[0].error}")
+        runs.append(ContenderRun(name, result))
+    return runs
+
+
+def records(run: ContenderRun, trace: traces.Trace, reqs: list[workloads.Request]) -> list[rep.RequestRecord]:
+    out = []
+    for t in run.result.timings:
+        out.append(
+            rep.RequestRecord(
+                contender=run.name,
+                request_id=f"{t.index}:{reqs[t.index].id}",
+                arrival=t.arrival,
+                ttft=t.first_token - t.arrival,
+                e2e=t.finished - t.arrival,
+                output_tokens=t.output_tokens,
+                tpot=t.tpot,
+                accept_length=t.meta.get("spec_accept_length"),
+                phase=trace.phase_of(t.arrival),
+            )
+        )
+    return out
+
+
+def windows(run: ContenderRun, trace: traces.Trace) -> list[rep.WindowSample]:
+    """Output tokens delivered per WINDOW_S window (from streamed token counts) and
+    the mean running batch size the server reported in it."""
+    end = run.result.duration
+    n = int(end // WINDOW_S) + 1
+    tokens = [0.0] * n
+    for t in run.result.timings:
+        prev = 0
+        for when, cum in t.token_times:
+            tokens[min(int(when // WINDOW_S), n - 1)] += cum - prev
+            prev = cum
+    running: list[list[int]] = [[] for _ in range(n)]
+    for s in run.result.load:
+        running[min(int(s.t // WINDOW_S), n - 1)].append(s.running)
+    return [
+        rep.WindowSample(
+            contender=run.name,
+            time=(i + 1) * WINDOW_S,
+            throughput=tokens[i] / WINDOW_S,
+            running=round(sum(running[i]) / len(running[i])) if running[i] else 0,
+            phase=trace.phase_of(min(i * WINDOW_S + WINDOW_S / 2, trace.duration)),
+        )
+        for i in range(n)
+    ]
+
+
+def greedy_mismatches(runs: Sequence[ContenderRun]) -> dict[str, int]:
+    base = {t.index: t.output_ids for t in runs[0].result.timings}
+    return {
+        r.name: sum(base[t.index] != t.output_ids for t in r.result.timings) for r in runs[1:]
+    }
+
+
+def build(args: argparse.Namespace, runs: list[ContenderRun], trace, reqs) -> rep.Report:
+    recs = [x for r in runs for x in records(r, trace, reqs)]
+    wins = [w for r in runs for w in windows(r, trace)]
+    standalone = [r.name for r in runs if r.name.startswith("standalone-k")]
+    groups = {"best STANDALONE": standalone} if standalone else {}
+    report = rep.build_report(recs, wins, baseline=runs[0].name, groups=groups)
+    rep.plot_over_time(recs, wins, args.out / "over_time.png", peak_spans=trace.schedule.spans("peak"))
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--k-max", type=int, default=7)
+    p.add_argument("--faser-config", help="FASER_CONFIG file for the faser contender")
+    p.add_argument("--workload", choices=["humaneval", "sharegpt", "long"], default="humaneval")
+    p.add_argument("--max-new-tokens", type=int, default=0, help="override the workload's output lengths")
+    p.add_argument("--trace", choices=["bursty", "poisson"], default="bursty")
+    p.add_argument("--rate", type=float, default=4.0, help="mean requests/s")
+    p.add_argument("--peak-to-valley", type=float, default=20.0)
+    p.add_argument("--duration", type=float, default=300.0)
+    p.add_argument("--burst-min", type=float, default=5.0)
+    p.add_argument("--burst-max", type=float, default=60.0)
+    p.add_argument("--sweep-rates", type=float, nargs="*", default=[], help="also run Poisson at these rates")
+    p.add_argument("--contenders", nargs="+", default=list(ALL_CONTENDERS))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="60 s trace, three contenders")
+    p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="passed to every server (last)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.duration = min(args.duration, 60.0)
+        args.contenders = [c for c in args.contenders if c in QUICK_CONTENDERS] or list(QUICK_CONTENDERS)
+    if args.contenders[0] != "no-spec":
+        raise SystemExit("the first contender must be no-spec (the baseline)")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    trace = build_trace(args)
+    traces.plot_trace(trace, args.out / "trace.png")
+    reqs = requests_for(trace, args)
+    runs = run_contenders(args, trace, reqs)
+    report = build(args, runs, trace, reqs)
+    mismatches = greedy_mismatches(runs)
+
+    sweep = {}
+    for rate in args.sweep_rates:
+        t = build_trace(args, rate)
+        r = requests_for(t, args)
+        sweep[rate] = rep.summarize([x for run in run_contenders(args, t, r) for x in records(run, t, r)])
+    if sweep:
+        rep.plot_rate_sweep(sweep, args.out / "rate_sweep.png")
+
+    report.write_json(args.out / "report.json")
+    table = report.markdown_table()
+    (args.out / "table.md").write_text(table)
+    meta = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "requests": len(reqs),
+        "trace_phase_rates": trace.phase_rates(),
+        "greedy_mismatches_vs_no_spec": mismatches,
+        "not_run": {k: v for k, v in UNAVAILABLE.items() if k in args.contenders},
+    }
+    (args.out / "run.json").write_text(json.dumps(meta, indent=1))
+    print(table)
+    for name, n in mismatches.items():
+        flag = "  <-- MISMATCH: greedy output differs from no-spec" if n else ""
+        print(f"[ab] {name}: {n} of {len(reqs)} greedy outputs differ from no-spec{flag}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
