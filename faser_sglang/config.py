@@ -21,20 +21,32 @@ from typing import Any, Mapping, Optional
 
 CONFIG_ENV = "FASER_CONFIG"
 
-POLICIES = ("ema", "fixed")
+POLICIES = ("ema", "fixed", "adaptive", "random")
 
 
 @dataclass(frozen=True)
 class FaserConfig:
-    # Length policy: "ema" (per-request acceptance EMA -> k_i) or "fixed" (k_i = K_max).
+    # Length policy: "ema" (per-request acceptance EMA -> k_i), "fixed" (k_i = K_max),
+    # "adaptive" (cost model + acceptance windows -> k_i maximising batch tokens/s) or
+    # "random" (random k_i every step; for profiling step costs, not for serving).
     policy: str = "ema"
     # EMA weight of the newest step's acceptance rate, in (0, 1].
     ema_alpha: float = 0.3
-    # Acceptance-rate prior for a request that has not been verified yet, in [0, 1].
+    # Acceptance-rate prior for a request that has not been verified yet, in [0, 1]
+    # (the adaptive policy's pooled prior starts here before any request is verified).
     prior_accept_rate: float = 0.7
     # The ema policy drafts while the expected marginal accepted token is worth more
     # than this, in [0, 1): k_i = largest k with rate**k >= min_token_value.
     min_token_value: float = 0.25
+    # Adaptive policy: how many of a request's latest verify steps estimate its
+    # per-position acceptance, >= 1.
+    window: int = 16
+    # Adaptive policy: weight of the pooled prior, in pseudo-observations per draft
+    # position, > 0 (larger: slower to trust a request's own window).
+    prior_strength: float = 2.0
+    # Adaptive policy: JSON cost file written by scripts/profile_costs.py; None (or no
+    # entry for this GPU/models/backend/dtype) uses the analytical roofline estimate.
+    cost_model_path: Optional[str] = None
     # Write one JSON line per decode step (per-request lengths and acceptances) here.
     trace_path: Optional[str] = None
     # Seed of the acceptance RNG (rejection sampling); None draws from torch's global RNG.
@@ -46,6 +58,12 @@ class FaserConfig:
         _check_range("ema_alpha", self.ema_alpha, 0.0, 1.0, low_open=True)
         _check_range("prior_accept_rate", self.prior_accept_rate, 0.0, 1.0)
         _check_range("min_token_value", self.min_token_value, 0.0, 1.0, high_open=True)
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"FASER config 'window' must be an integer >= 1, got {self.window!r}")
+        strength = self.prior_strength
+        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or strength <= 0:
+            raise ValueError(f"FASER config 'prior_strength' must be a number > 0, got {strength!r}")
+        _check_cost_model_path(self.cost_model_path)
         if self.trace_path is not None and not isinstance(self.trace_path, str):
             raise ValueError(f"FASER config 'trace_path' must be a string path, got {self.trace_path!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
@@ -86,6 +104,19 @@ class FaserConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def _check_cost_model_path(path: Any) -> None:
+    if path is None:
+        return
+    if not isinstance(path, str):
+        raise ValueError(f"FASER config 'cost_model_path' must be a string path, got {path!r}")
+    if not Path(path).is_file():
+        raise ValueError(
+            f"FASER config 'cost_model_path' = {path!r} is not a file. Create it on this GPU "
+            "with scripts/profile_costs.py --out PATH, or remove the key to use the "
+            "analytical cost model."
+        )
 
 
 def _check_range(

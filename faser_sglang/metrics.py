@@ -50,6 +50,7 @@ class StepRecord:
     step: int
     rids: Sequence[str]
     seq_lens: Sequence[int]
+    draft_kv_lens: Sequence[int]
     draft_lens: Sequence[int]
     num_accepted: Sequence[int]
     seconds: float
@@ -61,6 +62,7 @@ class StepRecord:
                 "step": self.step,
                 "rids": list(self.rids),
                 "seq_lens": list(self.seq_lens),
+                "draft_kv_lens": list(self.draft_kv_lens),
                 "draft_lens": list(self.draft_lens),
                 "num_accepted": list(self.num_accepted),
                 "seconds": round(self.seconds, 6),
@@ -86,6 +88,7 @@ class FaserStats:
         self,
         rids: Sequence[str],
         seq_lens: Sequence[int],
+        draft_kv_lens: Sequence[int],
         draft_lens: Sequence[int],
         num_accepted: Sequence[int],
         started: float,
@@ -102,6 +105,7 @@ class FaserStats:
                 self.steps,
                 rids,
                 seq_lens,
+                draft_kv_lens,
                 draft_lens,
                 num_accepted,
                 time.perf_counter() - started,

@@ -247,3 +247,24 @@ def test_abort_frees_kv(faser):
         assert time.monotonic() < deadline, f"{used} KV slots still held after abort"
         time.sleep(0.5)
     assert len(generate(faser.base_url, ["after abort"], GREEDY)[0]["output_ids"]) == 32
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "random"])
+def test_greedy_equality_holds_for_every_length_policy(nospec, tiny_models, tmp_path, policy):
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7)
+    reference = ids(generate(nospec.base_url, PROMPTS, GREEDY))
+    with launch_server(
+        tiny_models.target,
+        "--speculative-algorithm", "FASER",
+        "--speculative-draft-model-path", str(tiny_models.draft),
+        "--speculative-num-steps", str(K_MAX),
+        env=env,
+    ) as server:  # fmt: skip
+        assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference
+        log = server.log_tail(200_000)
+    steps = read_trace(trace)
+    assert steps and all(0 <= k <= K_MAX for s in steps for k in s["draft_lens"])
+    assert all("draft_kv_lens" in s and "draft_seconds" in s for s in steps)
+    if policy == "adaptive":
+        assert "analytical" in log.lower()  # no cost file: the fallback is announced

@@ -3,20 +3,51 @@
 A policy sees the requests of the running batch by id, returns one k_i in
 [0, K_max] per request, and is told afterwards how many drafts each request got
 accepted. k_i = 0 means the request decodes normally this step (one verify token,
-no draft work).
+no draft work). Policies that price their choices (the adaptive drafter) also read
+a ``StepContext`` describing the batch; the others ignore it.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Optional, Protocol, Sequence
 
 from faser_sglang.config import FaserConfig
 
+if TYPE_CHECKING:
+    from faser_sglang.spec_worker.adaptive import Deployment
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """The batch a step's lengths are chosen for, in the order of ``rids``.
+
+    Worked example, committed lengths [10, 7], draft KV fill [9, 7]: request 0's
+    catch-up EXTEND feeds positions 9..10 (one committed token the draft has not
+    seen, then the bonus token), request 1's feeds position 7 (the bonus token):
+    catchup_tokens() == (2, 1).
+    """
+
+    seq_lens: tuple[int, ...]  # [bs] committed tokens per request (KV the verify reads)
+    draft_kv_lens: tuple[int, ...]  # [bs] tokens already in the draft model's KV
+
+    def __post_init__(self) -> None:
+        if len(self.seq_lens) != len(self.draft_kv_lens):
+            raise ValueError(
+                f"StepContext: {len(self.seq_lens)} seq_lens but {len(self.draft_kv_lens)} draft_kv_lens"
+            )
+
+    def catchup_tokens(self) -> tuple[int, ...]:
+        """[bs] tokens the draft's catch-up EXTEND feeds a request if it drafts."""
+        return tuple(n - d + 1 for n, d in zip(self.seq_lens, self.draft_kv_lens))
+
 
 class LengthPolicy(Protocol):
-    def choose(self, rids: Sequence[str], k_max: int) -> list[int]: ...
+    def choose(
+        self, rids: Sequence[str], k_max: int, context: Optional[StepContext] = None
+    ) -> list[int]: ...
 
     def observe(
         self, rids: Sequence[str], draft_lens: Sequence[int], num_accepted: Sequence[int]
@@ -29,7 +60,9 @@ class LengthPolicy(Protocol):
 class FixedLengthPolicy:
     """Every request drafts K_max tokens (vanilla speculative decoding)."""
 
-    def choose(self, rids: Sequence[str], k_max: int) -> list[int]:
+    def choose(
+        self, rids: Sequence[str], k_max: int, context: Optional[StepContext] = None
+    ) -> list[int]:
         return [k_max] * len(rids)
 
     def observe(self, rids, draft_lens, num_accepted) -> None:
@@ -76,7 +109,9 @@ class EmaLengthPolicy:
             return k_max
         return min(k_max, int(math.floor(math.log(threshold) / math.log(rate) + 1e-9)))
 
-    def choose(self, rids: Sequence[str], k_max: int) -> list[int]:
+    def choose(
+        self, rids: Sequence[str], k_max: int, context: Optional[StepContext] = None
+    ) -> list[int]:
         return [self.length_for_rate(self._rate(rid), k_max) for rid in rids]
 
     def observe(
@@ -94,7 +129,46 @@ class EmaLengthPolicy:
         self.rates.pop(rid, None)
 
 
-def make_policy(config: FaserConfig) -> LengthPolicy:
+@dataclass
+class RandomLengthPolicy:
+    """Random lengths, for profiling step costs (scripts/profile_costs.py).
+
+    Each step draws a cap m uniform in [0, K_max] and every request a k_i uniform in
+    [0, m], so one server run times idle steps, short and long steps and mixed
+    lengths (the shapes the adaptive policy produces), which a cost model fitted
+    only on fixed-length steps could not tell apart. Seeded by the config's ``seed``.
+    """
+
+    rng: random.Random
+
+    def choose(
+        self, rids: Sequence[str], k_max: int, context: Optional[StepContext] = None
+    ) -> list[int]:
+        cap = self.rng.randint(0, k_max)
+        return [self.rng.randint(0, cap) for _ in rids]
+
+    def observe(self, rids, draft_lens, num_accepted) -> None:
+        pass
+
+    def forget(self, rid: str) -> None:
+        pass
+
+
+def make_policy(config: FaserConfig, deployment: Optional[Deployment] = None) -> LengthPolicy:
+    """The policy ``config.policy`` names; "adaptive" prices lengths for ``deployment``
+    (GPU, models, backend, dtype), which the other policies do not need."""
     if config.policy == "fixed":
         return FixedLengthPolicy()
+    if config.policy == "random":
+        return RandomLengthPolicy(random.Random(config.seed))
+    if config.policy == "adaptive":
+        # Imported here: the adaptive package imports StepContext from this module.
+        from faser_sglang.spec_worker.adaptive import AdaptiveDrafterPolicy, load_cost_model
+
+        if deployment is None:
+            raise ValueError(
+                "FASER policy 'adaptive' needs the deployment (GPU, target, draft, attention "
+                "backend, dtype) to load its cost model: make_policy(config, deployment)"
+            )
+        return AdaptiveDrafterPolicy(config, load_cost_model(config, deployment))
     return EmaLengthPolicy(config)

@@ -34,9 +34,10 @@ from faser_sglang.config import FaserConfig
 from faser_sglang.layout import RaggedLayout
 from faser_sglang.metrics import FaserStats
 from faser_sglang.spec_worker.accept import AcceptResult, accept
+from faser_sglang.spec_worker.adaptive import deployment_from_runners
 from faser_sglang.spec_worker.draft import DraftPhase
 from faser_sglang.spec_worker.draft_model import DraftModel
-from faser_sglang.spec_worker.policy import make_policy
+from faser_sglang.spec_worker.policy import StepContext, make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.validation import check_draft_matches_target
@@ -55,7 +56,11 @@ class FaserWorker(BaseSpecWorker):
         self._target_worker = target_worker
         self._draft_worker = DraftModel(server_args, gpu_id, ps, nccl_port)
         check_draft_matches_target(target_worker, self._draft_worker)
-        self.policy = make_policy(self.config)
+        deployment = None
+        if self.config.policy == "adaptive":
+            # Only the adaptive policy reads the two models' configs (for its cost model).
+            deployment = deployment_from_runners(server_args, target_worker.model_runner, self.draft_runner)
+        self.policy = make_policy(self.config, deployment)
         self.stats = FaserStats(trace_path=self.config.trace_path)
         self.generator: Optional[torch.Generator] = None
         if self.config.seed is not None:
@@ -111,7 +116,8 @@ class FaserWorker(BaseSpecWorker):
         state: FaserDraftState = batch.spec_info
         rids = [req.rid for req in batch.reqs]
         seq_lens = batch.seq_lens_cpu.tolist()
-        lengths = self.policy.choose(rids, self.k_max)
+        context = StepContext(tuple(seq_lens), tuple(state.draft_kv_lens))
+        lengths = self.policy.choose(rids, self.k_max, context)
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
         sampling = SamplingRows.from_sampling_info(batch.sampling_info)
         clock.mark("policy")
@@ -129,7 +135,7 @@ class FaserWorker(BaseSpecWorker):
         clock.mark("accept")
         num_accepted = [a - 1 for a in accept_lens]
         self.policy.observe(rids, lengths, num_accepted)
-        self.stats.record(rids, seq_lens, lengths, num_accepted, started, clock)
+        self.stats.record(rids, seq_lens, context.draft_kv_lens, lengths, num_accepted, started, clock)
         # Draft KV stays valid up to the last committed token it was fed.
         next_kv = [min(d, n + a) for d, n, a in zip(drafts.draft_kv_lens, seq_lens, accept_lens)]
         return self._result(batch, result, logits, FaserDraftState(next_kv))

@@ -1,0 +1,334 @@
+"""Predicted seconds of one FASER decode step, as a function of the chosen lengths.
+
+A step is a draft phase then a verify phase (see ``spec_worker.draft`` / ``verify``):
+
+    T(k) = draft_time(k) + verify_time(k)
+
+    draft_time  = [m > 0] * extend_forward          one catch-up EXTEND (m = max_i k_i)
+                + max(m - 1, 0) * decode_forward    DECODE forwards 2..m
+                + sum_i max(k_i - 1, 0) * row_step  requests in those DECODE forwards
+                + sum_{k_i > 0} c_i * catchup_token tokens the EXTEND feeds (c_i per request)
+                + sum_i k_i L_i * context_row_step  draft KV read: L_i context per forward
+
+    verify_time = fixed + bs * row + N * token + C * context_token
+                + sum_b slope_b * max(0, N - knot_b)
+
+with N = sum_i (k_i + 1) verify tokens, C = sum_i L_i committed tokens. The hinge
+terms make verify time piecewise linear and convex in N: flat-ish while the target
+forward is bound by reading its weights, steeper once the GEMMs become compute
+bound. Everything except the first draft term is what the allocator prices per
+draft position; the forward counts make longer maxima cost a whole forward.
+
+Coefficients come from one of two places:
+- ``fit``: non-negative least squares on profiled steps (scripts/profile_costs.py),
+  rows weighted by 1 / step time so the fit minimises relative error, with the
+  mean absolute percentage error (MAPE) on held-out steps stored next to them.
+  Non-negative coefficients keep every marginal cost >= 0 and the verify curve
+  convex, which the allocator relies on.
+- ``analytical``: a roofline estimate from the models' configs and GPU datasheet
+  numbers, used when no profiled file matches the deployment.
+
+Profiled models live in one JSON file with an entry per ``CostKey`` (GPU, target,
+draft, attention backend, dtype), so one file can serve several deployments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+
+from faser_sglang.spec_worker.adaptive.hardware import (
+    BANDWIDTH_EFFICIENCY,
+    EAGER_SECONDS_PER_LAYER,
+    FLOPS_EFFICIENCY,
+    GpuSpec,
+    ModelShape,
+)
+
+FILE_FORMAT = 1
+# Verify-token counts where the verify slope may change (filtered to the profiled range).
+DEFAULT_KNOTS = (128, 256, 512, 1024, 2048, 4096)
+# Per-step trace fields a profiled sample needs (draft_seconds is optional).
+TRACE_KEYS = ("draft_lens", "seq_lens", "draft_kv_lens", "seconds")
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """Seconds per unit of each draft-phase feature (see the module docstring)."""
+
+    extend_forward: float
+    decode_forward: float
+    row_step: float
+    catchup_token: float
+    context_row_step: float
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """Seconds per unit of each verify-phase feature; knot_slopes[b] applies past knots[b]."""
+
+    fixed: float
+    row: float
+    token: float
+    context_token: float
+    knots: tuple[float, ...] = ()
+    knot_slopes: tuple[float, ...] = ()
+
+    def time(self, batch_size: int, tokens: Any, context: float) -> Any:
+        """Verify seconds; ``tokens`` may be a scalar or an array (then so is the result)."""
+        tokens = np.asarray(tokens, np.float64)
+        t = self.fixed + self.row * batch_size + self.token * tokens + self.context_token * context
+        for knot, slope in zip(self.knots, self.knot_slopes):
+            t = t + slope * np.maximum(tokens - knot, 0.0)
+        return t if t.ndim else float(t)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    draft: DraftCost
+    verify: VerifyCost
+    source: str  # "profiled" or "analytical"
+    holdout_mape: Optional[float] = None  # profiled only: MAPE of step time on held-out steps
+    num_samples: int = 0  # profiled only: steps the fit and the MAPE used
+
+    def draft_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int]) -> float:
+        return float(np.dot(_draft_features(draft_lens, seq_lens, catchup), _draft_vector(self.draft)))
+
+    def verify_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int]) -> float:
+        return self.verify.time(len(draft_lens), sum(draft_lens) + len(draft_lens), float(sum(seq_lens)))
+
+    def step_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int]) -> float:
+        """Predicted seconds of a step with lengths ``draft_lens`` ([bs] each argument)."""
+        return self.draft_time(draft_lens, seq_lens, catchup) + self.verify_time(draft_lens, seq_lens)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CostModel":
+        verify = dict(data["verify"])
+        verify["knots"] = tuple(verify.get("knots", ()))
+        verify["knot_slopes"] = tuple(verify.get("knot_slopes", ()))
+        return cls(
+            draft=DraftCost(**data["draft"]),
+            verify=VerifyCost(**verify),
+            source=data["source"],
+            holdout_mape=data.get("holdout_mape"),
+            num_samples=int(data.get("num_samples", 0)),
+        )
+
+
+# Profiled samples and the fit ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One timed decode step, as the worker's trace records it."""
+
+    draft_lens: tuple[int, ...]  # [bs]
+    seq_lens: tuple[int, ...]  # [bs] committed lengths at the step's start
+    catchup: tuple[int, ...]  # [bs] tokens the catch-up EXTEND feeds each request if it drafts
+    seconds: float  # whole step
+    draft_seconds: Optional[float] = None  # draft phase alone, when the trace has it
+
+    @classmethod
+    def from_trace_record(cls, record: Mapping[str, Any]) -> "StepSample":
+        missing = [k for k in TRACE_KEYS if k not in record]
+        if missing:
+            raise ValueError(
+                f"trace record lacks {missing}: profiling needs the worker to record, per step, "
+                "seq_lens and draft_kv_lens at the step's start (and draft_seconds if it can)"
+            )
+        seq = tuple(int(n) for n in record["seq_lens"])
+        kv = tuple(int(d) for d in record["draft_kv_lens"])
+        draft_seconds = record.get("draft_seconds")
+        return cls(
+            draft_lens=tuple(int(k) for k in record["draft_lens"]),
+            seq_lens=seq,
+            catchup=tuple(n - d + 1 for n, d in zip(seq, kv)),
+            seconds=float(record["seconds"]),
+            draft_seconds=None if draft_seconds is None else float(draft_seconds),
+        )
+
+
+def fit(
+    samples: Sequence[StepSample],
+    knots: Sequence[float] = DEFAULT_KNOTS,
+    holdout_fraction: float = 0.2,
+    seed: int = 0,
+) -> CostModel:
+    """Fit a profiled CostModel on a random (1 - holdout_fraction) of ``samples``.
+
+    With ``draft_seconds`` on every sample the two phases are fitted separately
+    (verify time = step time - draft time, so bookkeeping around the forwards is
+    billed to verify); otherwise one joint fit of step time on both feature sets.
+    The returned model is the one the held-out MAPE was measured on.
+    """
+    n = len(samples)
+    if n < 20:
+        raise ValueError(f"need at least 20 profiled steps to fit a cost model, got {n}")
+    order = np.random.default_rng(seed).permutation(n)
+    n_hold = max(1, int(round(n * holdout_fraction)))
+    hold, train = order[:n_hold], order[n_hold:]
+    tokens = np.array([sum(s.draft_lens) + len(s.draft_lens) for s in samples], np.float64)
+    # A knot past every training point has no data to fit its slope.
+    knots = tuple(float(b) for b in knots if b < tokens[train].max())
+    x_draft = np.array([_draft_features(s.draft_lens, s.seq_lens, s.catchup) for s in samples])  # [n, 5]
+    x_verify = np.array([_verify_features(s.draft_lens, s.seq_lens, knots) for s in samples])  # [n, 4+B]
+    seconds = np.array([s.seconds for s in samples])  # [n]
+    weight = 1.0 / seconds  # relative error: fast and slow steps count alike
+    if all(s.draft_seconds is not None for s in samples):
+        draft_seconds = np.array([s.draft_seconds for s in samples])
+        c_draft = _nnls(x_draft[train], draft_seconds[train], weight[train])
+        c_verify = _nnls(x_verify[train], (seconds - draft_seconds)[train], weight[train])
+    else:
+        joint = _nnls(np.hstack([x_draft, x_verify])[train], seconds[train], weight[train])
+        c_draft, c_verify = joint[: x_draft.shape[1]], joint[x_draft.shape[1] :]
+    model = CostModel(
+        draft=DraftCost(*(float(c) for c in c_draft)),
+        verify=VerifyCost(
+            *(float(c) for c in c_verify[:4]),
+            knots=knots,
+            knot_slopes=tuple(float(c) for c in c_verify[4:]),
+        ),
+        source="profiled",
+    )
+    held_out = [samples[i] for i in hold]
+    predicted = np.array([model.step_time(s.draft_lens, s.seq_lens, s.catchup) for s in held_out])
+    mape = float(np.mean(np.abs(predicted - seconds[hold]) / seconds[hold]))
+    return replace(model, holdout_mape=mape, num_samples=n)
+
+
+def _draft_features(draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int]) -> np.ndarray:
+    """[5] in DraftCost's field order."""
+    k = np.asarray(draft_lens, np.float64)
+    m = k.max(initial=0.0)
+    return np.array(
+        [
+            float(m > 0),
+            max(m - 1.0, 0.0),
+            np.maximum(k - 1.0, 0.0).sum(),
+            np.asarray(catchup, np.float64)[k > 0].sum(),
+            float(np.dot(k, np.asarray(seq_lens, np.float64))),
+        ]
+    )
+
+
+def _verify_features(
+    draft_lens: Sequence[int], seq_lens: Sequence[int], knots: Sequence[float]
+) -> np.ndarray:
+    """[4 + len(knots)]: 1, bs, N, C, then max(0, N - knot) per knot."""
+    bs = len(draft_lens)
+    tokens = float(sum(draft_lens) + bs)
+    hinges = [max(tokens - b, 0.0) for b in knots]
+    return np.array([1.0, float(bs), tokens, float(sum(seq_lens)), *hinges])
+
+
+def _draft_vector(cost: DraftCost) -> np.ndarray:
+    return np.array([getattr(cost, f.name) for f in fields(DraftCost)])
+
+
+def _nnls(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """argmin_{c >= 0} || weight * (x c - y) ||, columns scaled for conditioning."""
+    xw = x * weight[:, None]
+    scale = np.abs(xw).max(axis=0)
+    scale[scale == 0] = 1.0  # a feature that never occurs keeps a zero coefficient
+    coef, _ = nnls(xw / scale, y * weight)
+    return coef / scale
+
+
+# The analytical fallback -----------------------------------------------------
+
+
+def analytical(target: ModelShape, draft: ModelShape, gpu: GpuSpec) -> CostModel:
+    """A roofline estimate for when the deployment has not been profiled.
+
+    Each forward costs a launch overhead (EAGER_SECONDS_PER_LAYER per layer) plus
+    max(weight bytes / bandwidth, 2 * params * tokens / FLOP/s), with bandwidth and
+    FLOP/s at BANDWIDTH_EFFICIENCY / FLOPS_EFFICIENCY of the datasheet, and reads
+    its KV (kv bytes per token * context / bandwidth). For the verify forward the max
+    is exactly the hinge at knot = weight time / per-token GEMM time; draft forwards
+    are assumed weight-bound (small drafts at serving batch sizes), with the GEMM
+    time per token added as the per-row / per-catch-up-token cost. Typical error is
+    tens of percent; it gets the regimes (weight-bound vs compute-bound verify,
+    draft forward vs verify forward) right, which is what the allocator needs.
+    """
+    bandwidth = gpu.memory_bandwidth * BANDWIDTH_EFFICIENCY
+    flops = gpu.peak_flops * FLOPS_EFFICIENCY
+    weights = target.weight_bytes / bandwidth  # s to stream the target's weights once
+    per_token = 2.0 * target.matmul_params / flops  # s of GEMM work per verify token
+    draft_forward = draft.layers * EAGER_SECONDS_PER_LAYER + draft.weight_bytes / bandwidth
+    draft_token = 2.0 * draft.matmul_params / flops
+    return CostModel(
+        draft=DraftCost(
+            extend_forward=draft_forward,
+            decode_forward=draft_forward,
+            row_step=draft_token,
+            catchup_token=draft_token,
+            context_row_step=draft.kv_bytes_per_token / bandwidth,
+        ),
+        verify=VerifyCost(
+            fixed=target.layers * EAGER_SECONDS_PER_LAYER + weights,
+            row=0.0,
+            token=0.0,
+            context_token=target.kv_bytes_per_token / bandwidth,
+            knots=(weights / per_token,),
+            knot_slopes=(per_token,),
+        ),
+        source="analytical",
+    )
+
+
+# The cost file -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CostKey:
+    """Which deployment a profiled model belongs to. Build it with ``CostKey.of``."""
+
+    gpu: str
+    target: str
+    draft: str
+    attention_backend: str
+    dtype: str
+
+    @classmethod
+    def of(cls, gpu: str, target: str, draft: str, attention_backend: str, dtype: Any) -> "CostKey":
+        """Normalised: models by their last path component (a local copy of
+        ``org/Model`` matches ``/data/Model``), dtype without a ``torch.`` prefix."""
+        return cls(
+            gpu=gpu,
+            target=_model_name(target),
+            draft=_model_name(draft),
+            attention_backend=attention_backend,
+            dtype=str(dtype).removeprefix("torch."),
+        )
+
+
+def read_cost_entries(path: str | os.PathLike[str]) -> dict[CostKey, CostModel]:
+    data = json.loads(Path(path).read_text())
+    if data.get("format") != FILE_FORMAT:
+        raise ValueError(f"cost file {path}: format {data.get('format')!r}, expected {FILE_FORMAT}")
+    return {CostKey(**e["key"]): CostModel.from_dict(e["model"]) for e in data["entries"]}
+
+
+def write_cost_entry(path: str | os.PathLike[str], key: CostKey, model: CostModel) -> None:
+    """Add (or replace) the entry for ``key``, keeping other deployments' entries."""
+    p = Path(path)
+    entries = read_cost_entries(p) if p.is_file() else {}
+    entries[key] = model
+    data = {
+        "format": FILE_FORMAT,
+        "entries": [{"key": asdict(k), "model": m.to_dict()} for k, m in entries.items()],
+    }
+    p.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _model_name(path: str) -> str:
+    return str(path).rstrip("/").rsplit("/", 1)[-1]

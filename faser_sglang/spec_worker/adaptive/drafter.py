@@ -1,0 +1,136 @@
+"""The adaptive drafter: per-request lengths that maximise the batch's tokens per second.
+
+Every step it reads each request's acceptance window (``acceptance``), prices every
+draft position with the deployment's step-cost model (``cost_model``) and lets the
+allocator (``allocator``) pick all k_i at once. Unlike a per-request threshold it
+sees the load: the same acceptance earns long drafts on an idle GPU and none when
+verify tokens are compute bound.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from faser_sglang.config import FaserConfig
+from faser_sglang.spec_worker.adaptive.acceptance import AcceptanceWindows
+from faser_sglang.spec_worker.adaptive.allocator import allocate
+from faser_sglang.spec_worker.adaptive.cost_model import CostKey, CostModel, analytical, read_cost_entries
+from faser_sglang.spec_worker.adaptive.hardware import ModelShape, gpu_spec
+from faser_sglang.spec_worker.policy import StepContext
+from faser_sglang.spec_worker.validation import MAX_DRAFT_LEN
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What the step cost depends on: the cost-file key, and both models' configs
+    (``config.json`` mappings or transformers configs) for the analytical fallback."""
+
+    key: CostKey  # key.dtype is the target's dtype
+    target_config: Any
+    draft_config: Any
+    draft_dtype: str
+
+
+def deployment_from_runners(server_args: Any, target_runner: Any, draft_runner: Any) -> Deployment:
+    """The Deployment of a running worker, from SGLang's ServerArgs and ModelRunners."""
+    import torch  # here, so the rest of the adaptive drafter imports without torch
+
+    gpu = torch.cuda.get_device_name(target_runner.gpu_id) if torch.cuda.is_available() else "cpu"
+    backend = (
+        server_args.attention_backend
+        or getattr(target_runner, "prefill_attention_backend_str", None)
+        or "auto"
+    )
+    return Deployment(
+        key=CostKey.of(
+            gpu=gpu,
+            target=server_args.model_path,
+            draft=server_args.speculative_draft_model_path,
+            attention_backend=backend,
+            dtype=target_runner.model_config.dtype,
+        ),
+        target_config=target_runner.model_config.hf_text_config,
+        draft_config=draft_runner.model_config.hf_text_config,
+        draft_dtype=str(draft_runner.model_config.dtype),
+    )
+
+
+def load_cost_model(config: FaserConfig, deployment: Deployment) -> CostModel:
+    """The profiled model for this deployment from ``cost_model_path``, else the
+    analytical fallback (logged, since its predictions are rough)."""
+    key = deployment.key
+    if config.cost_model_path is not None:
+        entries = read_cost_entries(config.cost_model_path)
+        model = entries.get(key)
+        if model is not None:
+            logger.info(
+                "FASER adaptive: profiled cost model from %s (held-out MAPE %.1f%%, %d steps)",
+                config.cost_model_path,
+                100 * (model.holdout_mape or 0.0),
+                model.num_samples,
+            )
+            return model
+        logger.warning(
+            "FASER adaptive: %s has no entry for %s (it has %s)",
+            config.cost_model_path,
+            key,
+            list(entries),
+        )
+    gpu = gpu_spec(key.gpu)
+    logger.warning(
+        "FASER adaptive: using the ANALYTICAL cost model (roofline estimate for %s, %s -> %s); "
+        "profile this deployment with scripts/profile_costs.py and set cost_model_path",
+        gpu.name,
+        key.draft,
+        key.target,
+    )
+    return analytical(
+        ModelShape.from_config(deployment.target_config, key.dtype),
+        ModelShape.from_config(deployment.draft_config, deployment.draft_dtype),
+        gpu,
+    )
+
+
+class AdaptiveDrafterPolicy:
+    """LengthPolicy: k_i from acceptance windows and a step-cost model (policy "adaptive")."""
+
+    def __init__(self, config: FaserConfig, cost_model: CostModel) -> None:
+        self.cost_model = cost_model
+        self.acceptance = AcceptanceWindows(
+            window=config.window,
+            positions=MAX_DRAFT_LEN,
+            base_rate=config.prior_accept_rate,
+            prior_strength=config.prior_strength,
+        )
+
+    def choose(self, rids: Sequence[str], k_max: int, context: Optional[StepContext] = None) -> list[int]:
+        if context is None:
+            raise ValueError(
+                "FASER policy 'adaptive' prices lengths with the batch's context lengths: "
+                "pass a StepContext to choose()"
+            )
+        if len(context.seq_lens) != len(rids):
+            raise ValueError(
+                f"StepContext describes {len(context.seq_lens)} requests, the step has {len(rids)}"
+            )
+        if not rids:
+            return []
+        allocation = allocate(
+            self.acceptance.gains(rids, k_max),
+            np.asarray(context.seq_lens),
+            np.asarray(context.catchup_tokens()),
+            self.cost_model,
+        )
+        return list(allocation.draft_lens)
+
+    def observe(self, rids: Sequence[str], draft_lens: Sequence[int], num_accepted: Sequence[int]) -> None:
+        self.acceptance.observe(rids, draft_lens, num_accepted)
+
+    def forget(self, rid: str) -> None:
+        self.acceptance.forget(rid)

@@ -1,0 +1,536 @@
+"""Adaptive drafter (CPU, no server): acceptance windows, cost model, allocator, policy,
+and the profiling script driven with a fake server."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import logging
+import random
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from faser_sglang.bench.client import ReplayResult, RequestTiming
+from faser_sglang.config import FaserConfig
+from faser_sglang.spec_worker.adaptive import (
+    AcceptanceWindows,
+    AdaptiveDrafterPolicy,
+    CostKey,
+    CostModel,
+    Deployment,
+    DraftCost,
+    ModelShape,
+    StepSample,
+    VerifyCost,
+    allocate,
+    analytical,
+    deployment_from_runners,
+    fit,
+    gpu_spec,
+    read_cost_entries,
+    write_cost_entry,
+)
+from faser_sglang.spec_worker.policy import (
+    EmaLengthPolicy,
+    FixedLengthPolicy,
+    RandomLengthPolicy,
+    StepContext,
+    make_policy,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Llama-3.1-8B target, Llama-3.2-1B-like draft (config.json fields).
+TARGET_CONFIG = dict(
+    hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+    intermediate_size=14336, vocab_size=128256,
+)  # fmt: skip
+DRAFT_CONFIG = dict(
+    hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+    intermediate_size=8192, vocab_size=128256,
+)  # fmt: skip
+
+# A profiled-looking model: 12 ms weight-bound verify that turns compute bound past
+# 512 tokens, 1.5 ms draft forwards.
+KNOWN = CostModel(
+    draft=DraftCost(
+        extend_forward=2.0e-3, decode_forward=1.5e-3, row_step=1.0e-5, catchup_token=4.0e-6,
+        context_row_step=2.0e-9,
+    ),
+    verify=VerifyCost(
+        fixed=12e-3, row=2.0e-5, token=5.0e-6, context_token=2.0e-8, knots=(512.0,),
+        knot_slopes=(4.0e-5,),
+    ),
+    source="profiled",
+)  # fmt: skip
+
+
+def cost(verify_fixed=10e-3, verify_token=0.0, knot=1e9, slope=0.0, forward=1e-3, row=0.0) -> CostModel:
+    """A synthetic cost model with the knobs the allocator tests turn."""
+    return CostModel(
+        DraftCost(forward, forward, row, 0.0, 0.0),
+        VerifyCost(verify_fixed, 0.0, verify_token, 0.0, (knot,), (slope,)),
+        "synthetic",
+    )
+
+
+def constant_gains(alphas, k_max: int) -> np.ndarray:
+    """[bs, k_max] gains of requests whose every position has acceptance alpha_i."""
+    return np.cumprod(np.repeat(np.asarray(alphas, float)[:, None], k_max, axis=1), axis=1)
+
+
+def run_allocate(gains, model, seq_len=500, catchup=1):
+    bs = gains.shape[0]
+    return allocate(gains, np.full(bs, seq_len), np.full(bs, catchup), model)
+
+
+# --- acceptance windows ----------------------------------------------------------
+
+
+def windows(window=8, strength=1e-6, base=0.5, pool=1024) -> AcceptanceWindows:
+    return AcceptanceWindows(window=window, positions=8, base_rate=base, prior_strength=strength, pool_size=pool)
+
+
+def test_prefix_semantics():
+    w = windows()
+    w.observe(["r"], [4], [2])  # positions 0, 1 accepted, 2 rejected, 3 untested
+    alpha = w.alphas(["r"], 4)[0]
+    np.testing.assert_allclose(alpha[:3], [1.0, 1.0, 0.0], atol=1e-5)
+    assert alpha[3] == pytest.approx(0.5)  # untested anywhere: the base rate
+    w.observe(["s"], [3], [3])  # all accepted: no failure observed, position 3 untested
+    np.testing.assert_allclose(w.alphas(["s"], 4)[0], [1.0, 1.0, 1.0, 0.5], atol=1e-5)
+
+
+def test_expected_accepted_is_sum_of_prefix_products():
+    w = windows(strength=1.0, base=0.6)
+    # No evidence anywhere: every alpha is the base rate.
+    assert w.expected_accepted("new", 3) == pytest.approx(0.6 + 0.36 + 0.216)
+    assert w.expected_accepted("new", 0) == 0.0
+    w.observe(["r"], [2], [1])  # alpha_0 = (1 + 1 * p0) / 2, alpha_1 = (0 + p1) / 2
+    p = w.pooled_alphas()
+    a0, a1 = (1 + p[0]) / 2, p[1] / 2
+    assert w.expected_accepted("r", 2) == pytest.approx(a0 + a0 * a1)
+
+
+def test_window_evicts_old_steps_and_idle_steps_count():
+    w = windows(window=2)
+    w.observe(["r"], [4], [0])
+    assert w.alphas(["r"], 1)[0, 0] == pytest.approx(0.0, abs=1e-5)
+    w.observe(["r"], [4], [4])
+    w.observe(["r"], [4], [4])  # the rejection has left the window
+    assert w.alphas(["r"], 1)[0, 0] == pytest.approx(1.0, abs=1e-5)
+    w.observe(["r"], [0], [0])
+    w.observe(["r"], [0], [0])  # two non-drafting steps: no own evidence left
+    np.testing.assert_allclose(w.alphas(["r"], 4), w.pooled_alphas()[None, :4])
+
+
+def test_prior_comes_from_recent_requests_and_survives_forget():
+    w = windows(strength=2.0, base=0.7, pool=16)
+    for i in range(16):
+        w.observe([f"bad{i}"], [4], [0])
+        w.forget(f"bad{i}")
+    fresh = w.alphas(["new"], 1)[0, 0]
+    assert fresh == pytest.approx(2 * 0.7 / 18)  # 16 failures + 2 prior pseudo-counts
+    for i in range(16):  # the pool is a window too: good traffic replaces the bad
+        w.observe([f"good{i}"], [4], [4])
+    assert w.alphas(["new"], 1)[0, 0] > 0.9
+
+
+def test_many_requests_reuse_and_grow_slots():
+    w = AcceptanceWindows(window=4, positions=8, base_rate=0.5, prior_strength=1e-6, initial_capacity=2)
+    rids = [f"r{i}" for i in range(10)]
+    w.observe(rids, [3] * 10, [i % 4 for i in range(10)])
+    a = w.alphas(rids, 3)
+    for i in range(10):
+        acc = i % 4
+        np.testing.assert_allclose(a[i, :acc], 1.0, atol=1e-5)
+        if acc < 3:
+            assert a[i, acc] == pytest.approx(0.0, abs=1e-5)
+    for rid in rids:
+        w.forget(rid)
+    w.observe(["x"], [2], [0])  # a recycled slot starts empty
+    assert w.alphas(["x"], 1)[0, 0] == pytest.approx(0.0, abs=1e-5)
+    with pytest.raises(ValueError):
+        w.observe(["x"], [2], [3])
+
+
+# --- cost model -----------------------------------------------------------------
+
+
+def synthetic_steps(model: CostModel, n: int, seed: int, noise: float, with_draft_seconds: bool):
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n):
+        bs = int(rng.choice([1, 2, 4, 8, 16, 32, 64, 128, 256]))
+        cap = int(rng.integers(0, 9))
+        k = tuple(int(x) for x in rng.integers(0, cap + 1, bs))
+        seq = tuple(int(x) for x in rng.integers(50, 8000, bs))
+        catchup = tuple(int(x) for x in rng.integers(1, 4, bs))
+        draft = model.draft_time(k, seq, catchup) * (1 + noise * rng.standard_normal())
+        verify = model.verify_time(k, seq) * (1 + noise * rng.standard_normal())
+        samples.append(StepSample(k, seq, catchup, draft + verify, draft if with_draft_seconds else None))
+    return samples
+
+
+def test_fit_recovers_known_coefficients_and_reports_mape():
+    samples = synthetic_steps(KNOWN, 600, seed=0, noise=0.01, with_draft_seconds=True)
+    model = fit(samples, knots=(256, 512, 1024))
+    assert model.source == "profiled" and model.num_samples == 600
+    assert model.holdout_mape < 0.02
+    for name in ("extend_forward", "decode_forward", "row_step"):
+        assert getattr(model.draft, name) == pytest.approx(getattr(KNOWN.draft, name), rel=0.1)
+    assert model.verify.fixed == pytest.approx(KNOWN.verify.fixed, rel=0.05)
+    assert model.verify.context_token == pytest.approx(KNOWN.verify.context_token, rel=0.1)
+    slopes = dict(zip(model.verify.knots, model.verify.knot_slopes))
+    assert slopes[512.0] == pytest.approx(4.0e-5, rel=0.15)  # the compute-bound knee
+    assert slopes[256.0] < 4e-6 and slopes[1024.0] < 4e-6
+
+
+def test_joint_fit_without_draft_seconds_still_predicts():
+    samples = synthetic_steps(KNOWN, 600, seed=1, noise=0.01, with_draft_seconds=False)
+    model = fit(samples)
+    assert model.holdout_mape < 0.03
+    fresh = synthetic_steps(KNOWN, 50, seed=2, noise=0.0, with_draft_seconds=False)
+    for s in fresh:
+        assert model.step_time(s.draft_lens, s.seq_lens, s.catchup) == pytest.approx(s.seconds, rel=0.06)
+
+
+def test_fit_needs_enough_steps():
+    with pytest.raises(ValueError, match="at least 20"):
+        fit(synthetic_steps(KNOWN, 5, seed=0, noise=0.0, with_draft_seconds=True))
+
+
+def test_trace_record_to_sample():
+    record = {"step": 3, "rids": ["a", "b"], "draft_lens": [2, 0], "num_accepted": [1, 0],
+              "seconds": 0.02, "seq_lens": [10, 7], "draft_kv_lens": [9, 7], "draft_seconds": 0.005}  # fmt: skip
+    s = StepSample.from_trace_record(record)
+    assert s.catchup == (2, 1) and s.draft_seconds == 0.005 and s.seq_lens == (10, 7)
+    with pytest.raises(ValueError, match="seq_lens"):
+        StepSample.from_trace_record({"draft_lens": [1], "seconds": 0.01})
+
+
+def test_cost_file_round_trip_and_key_matching(tmp_path):
+    path = tmp_path / "costs.json"
+    h200 = CostKey.of("NVIDIA H200", "meta-llama/Llama-3.1-8B", "/models/Llama-3.2-1B/", "flashinfer", "torch.bfloat16")
+    h100 = CostKey.of("NVIDIA H100 80GB HBM3", "Llama-3.1-8B", "Llama-3.2-1B", "flashinfer", "bfloat16")
+    model = fit(synthetic_steps(KNOWN, 100, seed=3, noise=0.01, with_draft_seconds=True))
+    write_cost_entry(path, h200, model)
+    write_cost_entry(path, h100, KNOWN)
+    entries = read_cost_entries(path)
+    assert entries[h200] == model and entries[h100] == KNOWN
+    # The same deployment spelled from a local copy and a torch dtype matches.
+    assert CostKey.of("NVIDIA H200", "/data/Llama-3.1-8B", "Llama-3.2-1B", "flashinfer", "bfloat16") == h200
+    assert CostKey.of("NVIDIA H200", "Llama-3.1-8B", "Llama-3.2-1B", "triton", "bfloat16") not in entries
+    write_cost_entry(path, h200, KNOWN)  # replacing keeps the other entry
+    assert read_cost_entries(path) == {h200: KNOWN, h100: KNOWN}
+    assert json.loads(path.read_text())["entries"][0]["model"]["source"] == "profiled"
+
+
+def test_analytical_roofline():
+    target = ModelShape.from_config(TARGET_CONFIG, "bfloat16")
+    assert 7.0e9 < target.matmul_params < 8.1e9  # Llama-3.1-8B without its input embedding
+    assert target.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2
+    gpu = gpu_spec("NVIDIA H200")
+    assert gpu.name == "H200" and gpu_spec("NVIDIA L40S").name == "L40S"
+    assert gpu_spec("Some Future GPU").name.startswith("unknown")
+    model = analytical(target, ModelShape.from_config(DRAFT_CONFIG, "bfloat16"), gpu)
+    assert model.source == "analytical"
+    small, knee, big = (model.verify.time(1, n, 0.0) for n in (8, model.verify.knots[0], 4096))
+    assert small == pytest.approx(knee)  # weight bound: flat
+    assert big > 3 * small  # compute bound past the knee
+    assert 3e-3 < small < 20e-3  # an 8B forward on an H200 takes milliseconds
+    assert model.draft.decode_forward < small / 2
+
+
+# --- allocator --------------------------------------------------------------------
+
+
+def test_lengthens_when_verify_is_cheap_and_acceptance_high():
+    cheap = cost(verify_fixed=20e-3, verify_token=1e-6, forward=0.5e-3)
+    assert run_allocate(constant_gains([0.9] * 4, 8), cheap).draft_lens == (8,) * 4
+
+
+def test_shortens_and_disables_under_load():
+    # 64-token compute knee: beyond it every verify token costs a GEMM row.
+    loaded = cost(verify_fixed=15e-3, knot=64, slope=0.15e-3, forward=1.5e-3, row=2e-6)
+    light = run_allocate(constant_gains([0.7] * 4, 8), loaded)
+    heavy = run_allocate(constant_gains([0.7] * 256, 8), loaded)
+    assert min(light.draft_lens) >= 2
+    assert np.mean(heavy.draft_lens) < 0.5 and heavy.draft_lens.count(0) > 128
+
+
+def test_respects_k_max():
+    free = cost(verify_fixed=50e-3, forward=1e-5)
+    assert run_allocate(constant_gains([1.0, 0.99], 3), free).draft_lens == (3, 3)
+
+
+def test_heterogeneous_acceptance_gives_heterogeneous_lengths():
+    model = cost(verify_fixed=15e-3, verify_token=0.2e-3, forward=1.0e-3)
+    lens = run_allocate(constant_gains([0.95, 0.8, 0.5, 0.1], 8), model).draft_lens
+    assert list(lens) == sorted(lens, reverse=True) and len(set(lens)) >= 3
+    assert lens[0] >= 4 and lens[-1] == 0
+
+
+def test_no_speculation_when_it_cannot_pay():
+    slow_draft = cost(verify_fixed=10e-3, forward=50e-3)
+    assert run_allocate(constant_gains([0.9] * 8, 5), slow_draft).draft_lens == (0,) * 8
+    hopeless = constant_gains([0.0] * 8, 5)
+    assert run_allocate(hopeless, cost()).draft_lens == (0,) * 8
+
+
+def test_docstring_example():
+    model = cost(verify_fixed=10e-3, knot=2, slope=2e-3, forward=1e-3)
+    a = allocate(np.array([[0.9, 0.81], [0.3, 0.09]]), np.zeros(2), np.ones(2), model)
+    assert a.draft_lens == (2, 0)
+    assert a.tokens_per_second == pytest.approx(3.71 / 0.016)
+
+
+def test_near_optimal_against_brute_force():
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(200):
+        model = CostModel(
+            DraftCost(*rng.uniform([1e-3, 1e-3, 0, 0, 0], [4e-3, 4e-3, 2e-5, 2e-5, 1e-8])),
+            VerifyCost(*rng.uniform([5e-3, 0, 0, 0], [3e-2, 5e-5, 5e-5, 5e-8]),
+                       knots=(float(rng.integers(4, 12)),), knot_slopes=(rng.uniform(0, 2e-3),)),
+            "synthetic",
+        )  # fmt: skip
+        bs, k_max = 4, 3
+        gains = np.cumprod(rng.uniform(0.2, 1.0, (bs, k_max)), axis=1)
+        seq, catchup = rng.integers(50, 4000, bs), rng.integers(1, 3, bs)
+        a = allocate(gains, seq, catchup, model)
+        assert a.step_seconds == pytest.approx(model.step_time(a.draft_lens, seq, catchup))
+        assert a.expected_tokens == pytest.approx(bs + sum(gains[i, :k].sum() for i, k in enumerate(a.draft_lens)))
+        best = max(
+            (bs + sum(gains[i, :k].sum() for i, k in enumerate(ks))) / model.step_time(ks, seq, catchup)
+            for ks in itertools.product(range(k_max + 1), repeat=bs)
+        )
+        ratios.append(a.tokens_per_second / best)
+    assert min(ratios) > 0.95 and np.mean(ratios) > 0.999
+
+
+def test_allocator_overhead():
+    rng = np.random.default_rng(0)
+    model = analytical(
+        ModelShape.from_config(TARGET_CONFIG, "bfloat16"),
+        ModelShape.from_config(DRAFT_CONFIG, "bfloat16"),
+        gpu_spec("NVIDIA H200"),
+    )
+    policy = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive"), model)
+    timings = {}
+    for bs in (1, 16, 64, 256):
+        rids = [f"r{i}" for i in range(bs)]
+        ctx = StepContext(tuple(rng.integers(100, 4000, bs).tolist()), tuple([0] * bs))
+        ctx = StepContext(ctx.seq_lens, tuple(n - int(rng.integers(0, 2)) for n in ctx.seq_lens))
+        policy.observe(rids, [8] * bs, rng.integers(0, 9, bs).tolist())
+        policy.choose(rids, 8, ctx)  # warm up
+        rounds = []
+        for _ in range(5):  # best of 5 rounds: the machine may be running other jobs
+            start = time.perf_counter()
+            for _ in range(10):
+                lens = policy.choose(rids, 8, ctx)
+            rounds.append((time.perf_counter() - start) / 10)
+        per_step = min(rounds)
+        accepted = [min(k, 2) for k in lens]
+        start = time.perf_counter()
+        policy.observe(rids, lens, accepted)
+        observe = time.perf_counter() - start
+        step = model.step_time(lens, ctx.seq_lens, ctx.catchup_tokens())
+        timings[bs] = per_step
+        print(f"adaptive choose bs={bs:3d} K_max=8: {per_step * 1e3:.3f} ms "
+              f"({100 * per_step / step:.2f}% of the predicted {step * 1e3:.1f} ms step), "
+              f"observe {observe * 1e3:.3f} ms")  # fmt: skip
+    assert timings[64] < 5e-3
+
+
+# --- the policy ------------------------------------------------------------------------
+
+
+def deployment(gpu="NVIDIA H200") -> Deployment:
+    return Deployment(
+        key=CostKey.of(gpu, "Llama-3.1-8B", "Llama-3.2-1B", "flashinfer", "bfloat16"),
+        target_config=TARGET_CONFIG,
+        draft_config=DRAFT_CONFIG,
+        draft_dtype="bfloat16",
+    )
+
+
+def test_make_policy_adaptive_loads_profiled_or_falls_back(tmp_path, caplog):
+    path = tmp_path / "costs.json"
+    write_cost_entry(path, deployment().key, KNOWN)
+    profiled = make_policy(FaserConfig(policy="adaptive", cost_model_path=str(path)), deployment())
+    assert isinstance(profiled, AdaptiveDrafterPolicy) and profiled.cost_model == KNOWN
+    with caplog.at_level(logging.WARNING):
+        other_gpu = make_policy(FaserConfig(policy="adaptive", cost_model_path=str(path)), deployment("NVIDIA A100"))
+    assert other_gpu.cost_model.source == "analytical"
+    assert "has no entry" in caplog.text and "ANALYTICAL" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert make_policy(FaserConfig(policy="adaptive"), deployment()).cost_model.source == "analytical"
+    assert "ANALYTICAL" in caplog.text
+    # A model the roofline cannot size needs a profile; with one, its config is never read.
+    unsized = replace(deployment(), target_config={"model_type": "exotic"})
+    with pytest.raises(ValueError, match="profile_costs.py"):
+        make_policy(FaserConfig(policy="adaptive"), unsized)
+    assert make_policy(FaserConfig(policy="adaptive", cost_model_path=str(path)), unsized).cost_model == KNOWN
+    with pytest.raises(ValueError, match="deployment"):
+        make_policy(FaserConfig(policy="adaptive"))
+
+
+def test_adaptive_policy_learns_per_request_lengths():
+    policy = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive", window=16), KNOWN)
+    rids = ["good", "bad"]
+    ctx = StepContext((300, 300), (300, 300))
+    with pytest.raises(ValueError, match="StepContext"):
+        policy.choose(rids, 6)
+    assert policy.choose([], 6, StepContext((), ())) == []
+    rng = random.Random(0)
+    for _ in range(30):
+        lens = policy.choose(rids, 6, ctx)
+        assert all(0 <= k <= 6 for k in lens)
+        # "good" accepts each draft with p = 0.95, "bad" with 0.02.
+        accepted = [next((j for j in range(k) if rng.random() > p), k) for k, p in zip(lens, (0.95, 0.02))]
+        policy.observe(rids, lens, accepted)
+    good, bad = policy.choose(rids, 6, ctx)
+    assert good >= 4 and good >= bad
+    # Alone, each pays its own draft forwards: only the good request still drafts.
+    assert policy.choose(["good"], 6, StepContext((300,), (300,)))[0] >= 4
+    assert policy.choose(["bad"], 6, StepContext((300,), (300,))) == [0]
+    with pytest.raises(ValueError, match="describes 2 requests"):
+        policy.choose(["good"], 6, ctx)
+    policy.forget("bad")
+    # A new request starts from the pooled prior (mostly the good request's record).
+    assert policy.choose(["bad"], 6, StepContext((300,), (300,)))[0] >= 1
+
+
+def test_deployment_from_runners_with_fake_sglang_objects():
+    def runner(config, dtype="torch.bfloat16"):
+        return SimpleNamespace(
+            gpu_id=0, model_config=SimpleNamespace(dtype=dtype, hf_text_config=SimpleNamespace(**config))
+        )
+
+    args = SimpleNamespace(
+        model_path="meta-llama/Llama-3.1-8B", speculative_draft_model_path="/m/Llama-3.2-1B", attention_backend=None
+    )
+    target = runner(TARGET_CONFIG)
+    target.prefill_attention_backend_str = "flashinfer"
+    dep = deployment_from_runners(args, target, runner(DRAFT_CONFIG))
+    assert dep.key.target == "Llama-3.1-8B" and dep.key.draft == "Llama-3.2-1B"
+    assert dep.key.attention_backend == "flashinfer" and dep.key.dtype == "bfloat16"
+    assert dep.draft_dtype == "torch.bfloat16"
+    assert ModelShape.from_config(dep.target_config, dep.key.dtype) == ModelShape.from_config(TARGET_CONFIG, "bfloat16")
+
+
+def test_step_context():
+    ctx = StepContext((10, 7), (9, 7))
+    assert ctx.catchup_tokens() == (2, 1)
+    with pytest.raises(ValueError):
+        StepContext((1, 2), (1,))
+    # Policies that do not price lengths accept and ignore the context.
+    assert FixedLengthPolicy().choose(["a"], 4, ctx) == [4]
+    assert EmaLengthPolicy(FaserConfig()).choose(["a"], 4, ctx) == [3]
+
+
+def test_random_policy_covers_lengths_reproducibly():
+    def lengths(seed):
+        policy = make_policy(FaserConfig(policy="random", seed=seed))
+        return [policy.choose(["a", "b", "c"], 6) for _ in range(10)]
+
+    assert lengths(5) == lengths(5) != lengths(6)
+    policy = RandomLengthPolicy(random.Random(0))
+    steps = [policy.choose([str(i) for i in range(16)], 6) for _ in range(200)]
+    assert all(0 <= k <= 6 for s in steps for k in s)
+    assert {max(s) for s in steps} == set(range(7))
+    assert any(len(set(s)) > 1 for s in steps)
+
+
+@pytest.mark.parametrize(
+    "data, key",
+    [
+        ({"window": 0}, "window"),
+        ({"window": 2.5}, "window"),
+        ({"prior_strength": 0}, "prior_strength"),
+        ({"cost_model_path": 3}, "cost_model_path"),
+        ({"cost_model_path": "/nonexistent/costs.json"}, "cost_model_path"),
+    ],
+)
+def test_bad_adaptive_config_names_the_key(data, key):
+    with pytest.raises(ValueError, match=key):
+        FaserConfig.from_mapping(data)
+
+
+def test_missing_cost_file_message_names_the_fix():
+    with pytest.raises(ValueError, match="profile_costs.py"):
+        FaserConfig(cost_model_path="/nonexistent/costs.json")
+
+
+# --- the profiling script, with a fake server ---------------------------------------------
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("profile_costs", REPO / "scripts" / "profile_costs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_profile_script_sweeps_fits_and_saves(tmp_path, monkeypatch, capsys):
+    script = load_script()
+    launched = {}
+
+    class FakeServer:
+        base_url = "http://fake"
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+    def fake_launch(model_path, args, env=None, timeout=0.0, log_dir=None):
+        launched.update(model=model_path, args=list(args), config=json.loads(Path(env["FASER_CONFIG"]).read_text()))
+        return FakeServer()
+
+    step_rng = np.random.default_rng(0)
+    policy = RandomLengthPolicy(random.Random(0))
+
+    def fake_replay(base_url, workload, arrivals, sampling):
+        """Decode steps of the batch timed by KNOWN (+1% noise), appended to the trace."""
+        assert sampling["ignore_eos"] and len(workload) == len(arrivals)
+        bs = len(workload)
+        prompt = 3000 if "excerpt" in workload[0].prompt else 150
+        with open(launched["config"]["trace_path"], "a") as trace:
+            for step in range(12):
+                k = policy.choose(["r"] * bs, 8)
+                seq = [prompt + 3 * step] * bs
+                kv = [n - int(step_rng.integers(0, 2)) for n in seq]
+                catchup = [n - d + 1 for n, d in zip(seq, kv)]
+                draft = KNOWN.draft_time(k, seq, catchup) * (1 + 0.01 * step_rng.standard_normal())
+                verify = KNOWN.verify_time(k, seq) * (1 + 0.01 * step_rng.standard_normal())
+                record = {"draft_lens": k, "seq_lens": seq, "draft_kv_lens": kv,
+                          "seconds": draft + verify, "draft_seconds": draft}  # fmt: skip
+                trace.write(json.dumps(record) + "\n")
+        return ReplayResult([RequestTiming(index=i, arrival=0.0, sent=0.0) for i in range(bs)], [], 0.1)
+
+    monkeypatch.setattr(script, "launch", fake_launch)
+    monkeypatch.setattr(script, "replay", fake_replay)
+    out = tmp_path / "costs.json"
+    model = script.main([
+        "--target", "/m/Llama-3.1-8B", "--draft", "/m/Llama-3.2-1B", "--out", str(out),
+        "--gpu-name", "NVIDIA H200", "--work-dir", str(tmp_path / "work"),
+        "--batch-sizes", "1,4,16,64,256", "--long-batch-sizes", "1,8",
+    ])  # fmt: skip
+    assert launched["config"]["policy"] == "random"
+    assert "--max-running-requests" in launched["args"] and "256" in launched["args"]
+    printed = capsys.readouterr().out
+    assert "held-out MAPE" in printed and "draft and verify fitted apart" in printed
+    assert model.num_samples == 7 * 12  # the warm-up batch's steps are dropped
+    assert model.holdout_mape < 0.05
+    key = CostKey.of("NVIDIA H200", "Llama-3.1-8B", "Llama-3.2-1B", "flashinfer", "bfloat16")
+    assert read_cost_entries(out)[key] == model
