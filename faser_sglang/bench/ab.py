@@ -50,18 +50,6 @@ class ContenderRun:
     result: ReplayResult
 
 
-def contender(name: str, draft: str, k_max: int, faser_config: str | None) -> servers.Contender:
-    if name == "no-spec":
-        return servers.no_spec()
-    if name.startswith("standalone-k"):
-        return servers.standalone(draft, int(name.removeprefix("standalone-k")))
-    if name == "ngram":
-        return servers.ngram()
-    if name == "faser":
-        return servers.faser(draft, k_max, faser_config)
-    raise ValueError(f"unknown contender {name!r}; choose from {ALL_CONTENDERS}")
-
-
 def build_trace(args: argparse.Namespace, rate: float | None = None) -> traces.Trace:
     if rate is not None or args.trace == "poisson":
         return traces.poisson(rate or args.rate, duration=args.duration, seed=args.seed)
@@ -91,7 +79,7 @@ def run_contenders(
         if name in UNAVAILABLE:
             print(f"[ab] {name}: not run: {UNAVAILABLE[name]}", flush=True)
             continue
-        c = contender(name, args.draft, args.k_max, args.faser_config)
+        c = servers.contender(name, args.draft, args.k_max, args.faser_config)
         t0 = time.monotonic()
         with servers.launch(args.target, (*args.server_args, *c.args), env=c.env, timeout=1200) as server:
             print(f"[ab] {name}: ready in {time.monotonic() - t0:.0f}s; replaying {len(reqs)} requests", flush=True)

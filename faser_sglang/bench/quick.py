@@ -30,25 +30,13 @@ class Prompt:
     max_new_tokens: int
 
 
-def contender(name: str, draft: str, k_max: int) -> servers.Contender:
-    if name == "no-spec":
-        return servers.no_spec()
-    if name.startswith("standalone-k"):
-        return servers.standalone(draft, int(name.removeprefix("standalone-k")))
-    if name == "ngram":
-        return servers.ngram()
-    if name == "faser":
-        return servers.faser(draft, k_max)
-    raise ValueError(f"unknown contender {name!r}")
-
-
 def run(args: argparse.Namespace) -> dict:
     prompts = _prompts(args.prompts, args.num_prompts, args.max_new_tokens)
     greedy = {"temperature": 0, "ignore_eos": True}
     rows = []
     outputs: dict[str, dict[int, list[list[int]]]] = {}
     for name in args.contenders:
-        c = contender(name, args.draft, args.k_max)
+        c = servers.contender(name, args.draft, args.k_max)
         t0 = time.monotonic()
         with servers.launch(args.target, (*args.server_args, *c.args), env=c.env, timeout=900) as server:
             startup = time.monotonic() - t0

@@ -69,6 +69,19 @@ def faser(draft: str, k_max: int, config_path: str | None = None, name: str = "f
     )  # fmt: skip
 
 
+def contender(name: str, draft: str, k_max: int, faser_config: str | None = None) -> Contender:
+    """A contender by its benchmark name: no-spec, standalone-k<K>, ngram or faser."""
+    if name == "no-spec":
+        return no_spec()
+    if name.startswith("standalone-k"):
+        return standalone(draft, int(name.removeprefix("standalone-k")))
+    if name == "ngram":
+        return ngram()
+    if name == "faser":
+        return faser(draft, k_max, faser_config)
+    raise ValueError(f"unknown contender {name!r}")
+
+
 @dataclass
 class Server:
     """A running server; closing kills its process tree."""
