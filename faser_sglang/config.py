@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import tomllib
 from dataclasses import dataclass, fields
@@ -61,11 +62,15 @@ class FaserConfig:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"FASER config 'window' must be an integer >= 1, got {self.window!r}")
         strength = self.prior_strength
-        if isinstance(strength, bool) or not isinstance(strength, (int, float)) or strength <= 0:
+        if (
+            isinstance(strength, bool)
+            or not isinstance(strength, (int, float))
+            or not math.isfinite(strength)
+            or strength <= 0
+        ):
             raise ValueError(f"FASER config 'prior_strength' must be a number > 0, got {strength!r}")
         _check_cost_model_path(self.cost_model_path)
-        if self.trace_path is not None and not isinstance(self.trace_path, str):
-            raise ValueError(f"FASER config 'trace_path' must be a string path, got {self.trace_path!r}")
+        _check_trace_path(self.trace_path)
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"FASER config 'seed' must be an integer, got {self.seed!r}")
 
@@ -106,6 +111,21 @@ class FaserConfig:
         return dataclasses.asdict(self)
 
 
+def _check_trace_path(path: Any) -> None:
+    # Checked at startup: the trace file is opened on the first decode step, where a
+    # bad path would take the server down instead of refusing to start.
+    if path is None:
+        return
+    if not isinstance(path, str):
+        raise ValueError(f"FASER config 'trace_path' must be a string path, got {path!r}")
+    parent = Path(path).resolve().parent
+    if Path(path).is_dir() or not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ValueError(
+            f"FASER config 'trace_path' = {path!r} is not a writable file path (its directory "
+            "must exist and be writable); fix the path or remove the key"
+        )
+
+
 def _check_cost_model_path(path: Any) -> None:
     if path is None:
         return
@@ -128,8 +148,8 @@ def _check_range(
     low_open: bool = False,
     high_open: bool = False,
 ) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"FASER config {name!r} must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"FASER config {name!r} must be a finite number, got {value!r}")
     below = value <= low if low_open else value < low
     above = value >= high if high_open else value > high
     if below or above:

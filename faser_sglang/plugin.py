@@ -3,8 +3,9 @@
 SGLang runs every ``sglang.srt.plugins`` entry point once per process
 (launcher, engine, each scheduler) before it parses arguments, so
 ``--speculative-algorithm FASER`` resolves everywhere through SGLang's own
-registry. One hook, through SGLang's HookRegistry, keeps the target model from
-capturing decode CUDA graphs it would capture for EAGLE-style verification.
+registry. Two hooks, through SGLang's HookRegistry: the target model skips the
+decode CUDA graphs it would capture for EAGLE-style verification, and requests are
+checked before they reach the scheduler (``faser_sglang.request_guard``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
+from faser_sglang import request_guard
 from faser_sglang.spec_worker import validation
 
 ALGORITHM_NAME = "FASER"
@@ -78,6 +80,7 @@ def register() -> None:
         spec_class=FaserSpecAlgo,
     )(_worker_factory)
     HookRegistry.register(CAPTURE_CUDA_GRAPHS, _no_target_decode_graphs, HookType.AROUND)
+    HookRegistry.register(request_guard.TOKENIZE_STEP, request_guard.guard_tokenize, HookType.AROUND)
 
 
 def _registered() -> bool:

@@ -3,6 +3,7 @@
 
 Subcommands (each output is a HuggingFace Llama directory SGLang loads as is)::
 
+    python scripts/build_models.py tiny OUT [--hidden 256 --intermediate 512]
     python scripts/build_models.py smollm2 OUT [--dtype bfloat16]
     python scripts/build_models.py truncate SRC OUT --layers 8
     python scripts/build_models.py widen SRC OUT --hidden 4096 --intermediate 14336 \\
@@ -58,6 +59,7 @@ from faser_sglang.kit.drafts import (
     widen,
 )
 from faser_sglang.kit.smollm2 import build_smollm2
+from faser_sglang.kit.tiny import build_tiny_llama
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -168,6 +170,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
+    p = sub.add_parser("tiny", help="random tiny Llama (+ locally trained tokenizer), in seconds")
+    p.add_argument("out", type=Path)
+    p.add_argument("--hidden", type=int, default=256, help="FlashInfer needs head_dim >= 64: 256 / 4 heads")
+    p.add_argument("--intermediate", type=int, default=512)
+    p.add_argument("--seed", type=int, default=1)
+
     p = sub.add_parser("smollm2", help="SmolLM2-135M-Instruct from the packaged GGUF")
     p.add_argument("out", type=Path)
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16")
@@ -218,7 +226,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    if args.command == "smollm2":
+    if args.command == "tiny":
+        print(build_tiny_llama(args.out, seed=args.seed, hidden_size=args.hidden, intermediate_size=args.intermediate))
+    elif args.command == "smollm2":
         print(build_smollm2(args.out, DTYPES[args.dtype]))
     elif args.command == "truncate":
         print(truncate_layers(args.src, args.out, args.layers))

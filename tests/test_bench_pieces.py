@@ -218,3 +218,63 @@ def test_report_plots_are_pngs(tmp_path):
     sweep = report.plot_rate_sweep({1.0: summaries, 2.0: summaries, 4.0: summaries}, tmp_path / "sweep.png")
     for path in (over_time, sweep):
         assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+# --- A/B lanes and the soak plan ---------------------------------------------
+
+
+def test_gpu_lanes_deal_contenders_round_robin_and_keep_order(monkeypatch):
+    import argparse
+    import threading
+
+    from faser_sglang.bench import ab
+    from faser_sglang.bench.client import ReplayResult
+
+    seen: list[tuple[str, str | None, str]] = []
+    both_lanes_started = threading.Barrier(2, timeout=10)
+
+    def fake_run_one(args, trace, reqs, name, gpu):
+        seen.append((name, gpu, threading.current_thread().name))
+        if name in ("no-spec", "standalone-k1"):  # each lane's first: passes only if the lanes overlap
+            both_lanes_started.wait()
+        return ab.ContenderRun(name, ReplayResult([], [], 0.0))
+
+    monkeypatch.setattr(ab, "run_one", fake_run_one)
+    names = ["no-spec", "standalone-k1", "adaptive", "standalone-k3", "faser", "faser-ad"]
+    args = argparse.Namespace(contenders=names, gpus=["0", "1"])
+    runs = ab.run_contenders(args, trace=None, reqs=[])
+    assert [r.name for r in runs] == ["no-spec", "standalone-k1", "standalone-k3", "faser", "faser-ad"]
+    lane = {name: gpu for name, gpu, _ in seen}
+    assert lane == {"no-spec": "0", "standalone-k3": "0", "faser-ad": "0", "standalone-k1": "1", "faser": "1"}
+
+
+def test_soak_plan_mixes_sampling_and_aborts_and_is_seeded():
+    from faser_sglang.bench import soak
+
+    trace = traces.bursty(6.0, 10.0, 600.0, seed=3)
+    pool = workloads.load("humaneval", n=20)
+    plans = soak.plan_requests(trace, pool, abort_fraction=0.1, seed=3)
+    assert plans == soak.plan_requests(trace, pool, abort_fraction=0.1, seed=3)
+    assert len(plans) == len(trace.arrivals) > 1000
+    aborted = [p for p in plans if p.abort]
+    assert 0.07 < len(aborted) / len(plans) < 0.13
+    assert {p.abort for p in aborted} == {"disconnect", "abort_request"}
+    assert all("rid" in p.payload for p in aborted if p.abort == "abort_request")
+    params = [p.payload["sampling_params"] for p in plans]
+    greedy = sum(sp["temperature"] == 0 for sp in params)
+    assert 0.4 < greedy / len(plans) < 0.6
+    assert any(sp.get("n") == 2 for sp in params) and any("stop" in sp for sp in params)
+    assert {sp["max_new_tokens"] for sp in params} >= {1, 256}
+
+
+def test_soak_per_minute_percentiles():
+    from faser_sglang.bench import soak
+
+    outcomes = [soak.Outcome(i, arrival=float(i), abort=None, status="ok", e2e=float(i % 60), ttft=0.1,
+                             output_tokens=10) for i in range(120)]  # fmt: skip
+    outcomes.append(soak.Outcome(120, arrival=5.0, abort="disconnect", status="aborted"))
+    rows = soak.per_minute(outcomes, duration=120.0)
+    assert [r["completed"] for r in rows] == [60, 60]
+    assert rows[0]["aborted"] == 1 and rows[1]["aborted"] == 0
+    assert rows[0]["e2e_p50"] == pytest.approx(29.5)
+    assert rows[0]["output_tokens"] == 600

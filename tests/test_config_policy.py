@@ -34,6 +34,10 @@ def test_json_and_toml(tmp_path, monkeypatch):
         ({"min_token_value": 1.0}, "min_token_value"),
         ({"seed": "x"}, "seed"),
         ({"ema_alpha": True}, "ema_alpha"),
+        ({"ema_alpha": float("nan")}, "ema_alpha"),
+        ({"min_token_value": float("nan")}, "min_token_value"),
+        ({"prior_strength": float("nan")}, "prior_strength"),
+        ({"trace_path": "/nonexistent-dir/trace.jsonl"}, "trace_path"),
     ],
 )
 def test_bad_values_name_the_key(data, key):

@@ -3,14 +3,17 @@
     python -m faser_sglang.bench.ab --target T --draft D --out results/ab \
         [--workload humaneval|sharegpt|long] [--trace bursty|poisson] \
         [--rate 4] [--peak-to-valley 20] [--duration 300] \
-        [--contenders no-spec standalone-k1 standalone-k3 standalone-k5 standalone-k7 ngram adaptive faser] \
+        [--contenders no-spec standalone-k1 standalone-k3 standalone-k5 standalone-k7 ngram adaptive faser faser-ad] \
+        [--faser-config F] [--faser-ad-config F] [--gpus 0 1] \
         [--sweep-rates 1 4 16] [--quick] [--server-args ...]
 
-Contenders are real SGLang servers launched one after another on the same GPU:
-no speculation; STANDALONE with the same draft at fixed lengths; NGRAM; SGLang's
+Contenders are real SGLang servers launched one after another on the same GPU (or,
+with ``--gpus``, dealt onto one lane per GPU of the same machine, lanes running at
+once): no speculation; STANDALONE with the same draft at fixed lengths; NGRAM; SGLang's
 ``--speculative-adaptive`` (0.5.17 supports it only for EAGLE/EAGLE3 heads, so with a
 separate draft model it is reported as unavailable rather than silently run as
-fixed STANDALONE); FASER. Each replays the same seeded trace (Poisson or bursty
+fixed STANDALONE); FASER with its default per-request EMA policy (``faser``) and
+with the Adaptive Drafter (``faser-ad``, its config names the cost model). Each replays the same seeded trace (Poisson or bursty
 Markov-modulated Poisson) of the same workload, greedy, and the run checks every
 contender produced the same tokens as no-spec (a mismatch is printed loudly: greedy
 speculation must be lossless up to bf16 near-ties). Outputs in ``--out``: report.json,
@@ -24,6 +27,7 @@ import argparse
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -74,22 +78,37 @@ def requests_for(trace: traces.Trace, args: argparse.Namespace) -> list[workload
 def run_contenders(
     args: argparse.Namespace, trace: traces.Trace, reqs: list[workloads.Request]
 ) -> list[ContenderRun]:
-    runs = []
+    """Every contender replays the trace, in the order given. With ``--gpus`` the
+    contenders are dealt round-robin onto one lane per GPU; a lane runs its
+    contenders one after another and the lanes run at the same time."""
+    names = [n for n in args.contenders if n not in UNAVAILABLE]
     for name in args.contenders:
         if name in UNAVAILABLE:
             print(f"[ab] {name}: not run: {UNAVAILABLE[name]}", flush=True)
-            continue
-        c = servers.contender(name, args.draft, args.k_max, args.faser_config)
-        t0 = time.monotonic()
-        with servers.launch(args.target, (*args.server_args, *c.args), env=c.env, timeout=1200) as server:
-            print(f"[ab] {name}: ready in {time.monotonic() - t0:.0f}s; replaying {len(reqs)} requests", flush=True)
-            replay(server.base_url, reqs[:4], [0.0] * min(4, len(reqs)), GREEDY)  # warm-up
-            result = replay(server.base_url, reqs, list(trace.arrivals), GREEDY)
-        failed = [t for t in result.timings if t.error]
-        if failed:
-            raise RuntimeError(f"{name}: {len(failed)} requests failed, e.g. {failed[0].error}")
-        runs.append(ContenderRun(name, result))
-    return runs
+    gpus = args.gpus or [None]
+    lanes = [names[i :: len(gpus)] for i in range(len(gpus))]
+    with ThreadPoolExecutor(len(gpus)) as pool:
+        done = list(pool.map(lambda lane: [run_one(args, trace, reqs, n, lane[1]) for n in lane[0]], zip(lanes, gpus)))
+    by_name = {run.name: run for lane in done for run in lane}
+    return [by_name[n] for n in names]
+
+
+def run_one(
+    args: argparse.Namespace, trace: traces.Trace, reqs: list[workloads.Request], name: str, gpu: str | None
+) -> ContenderRun:
+    c = servers.contender(name, args.draft, args.k_max, args.faser_config, args.faser_ad_config)
+    env = dict(c.env) if gpu is None else {**c.env, "CUDA_VISIBLE_DEVICES": gpu}
+    where = "" if gpu is None else f" on GPU {gpu}"
+    t0 = time.monotonic()
+    with servers.launch(args.target, (*args.server_args, *c.args), env=env, timeout=1200) as server:
+        print(f"[ab] {name}: ready in {time.monotonic() - t0:.0f}s{where}; replaying {len(reqs)} requests", flush=True)
+        replay(server.base_url, reqs[:4], [0.0] * min(4, len(reqs)), GREEDY)  # warm-up
+        result = replay(server.base_url, reqs, list(trace.arrivals), GREEDY)
+    failed = [t for t in result.timings if t.error]
+    if failed:
+        raise RuntimeError(f"{name}: {len(failed)} requests failed, e.g. {failed[0].error}")
+    print(f"[ab] {name}: done in {time.monotonic() - t0:.0f}s{where}", flush=True)
+    return ContenderRun(name, result)
 
 
 def records(run: ContenderRun, trace: traces.Trace, reqs: list[workloads.Request]) -> list[rep.RequestRecord]:
@@ -161,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--k-max", type=int, default=7)
     p.add_argument("--faser-config", help="FASER_CONFIG file for the faser contender")
+    p.add_argument("--faser-ad-config", help="FASER_CONFIG file for the faser-ad contender (policy adaptive)")
+    p.add_argument("--gpus", nargs="*", default=[], help="GPU ids: one lane of contenders per GPU, run at once")
     p.add_argument("--workload", choices=["humaneval", "sharegpt", "long"], default="humaneval")
     p.add_argument("--max-new-tokens", type=int, default=0, help="override the workload's output lengths")
     p.add_argument("--trace", choices=["bursty", "poisson"], default="bursty")
@@ -180,6 +201,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.contenders = [c for c in args.contenders if c in QUICK_CONTENDERS] or list(QUICK_CONTENDERS)
     if args.contenders[0] != "no-spec":
         raise SystemExit("the first contender must be no-spec (the baseline)")
+    if "faser-ad" in args.contenders and not args.faser_ad_config:
+        raise SystemExit("contender faser-ad needs --faser-ad-config (a FASER_CONFIG with policy 'adaptive')")
     args.out.mkdir(parents=True, exist_ok=True)
 
     trace = build_trace(args)

@@ -69,8 +69,11 @@ def faser(draft: str, k_max: int, config_path: str | None = None, name: str = "f
     )  # fmt: skip
 
 
-def contender(name: str, draft: str, k_max: int, faser_config: str | None = None) -> Contender:
-    """A contender by its benchmark name: no-spec, standalone-k<K>, ngram or faser."""
+def contender(
+    name: str, draft: str, k_max: int, faser_config: str | None = None, faser_ad_config: str | None = None
+) -> Contender:
+    """A contender by its benchmark name: no-spec, standalone-k<K>, ngram, faser or
+    faser-ad (FASER with the adaptive policy's config)."""
     if name == "no-spec":
         return no_spec()
     if name.startswith("standalone-k"):
@@ -79,6 +82,10 @@ def contender(name: str, draft: str, k_max: int, faser_config: str | None = None
         return ngram()
     if name == "faser":
         return faser(draft, k_max, faser_config)
+    if name == "faser-ad":
+        if faser_ad_config is None:
+            raise ValueError("contender faser-ad needs a FASER_CONFIG file with policy 'adaptive'")
+        return faser(draft, k_max, faser_ad_config, name="faser-ad")
     raise ValueError(f"unknown contender {name!r}")
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import Optional
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -40,6 +39,7 @@ from faser_sglang.spec_worker.draft_model import DraftModel
 from faser_sglang.spec_worker.policy import StepContext, make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.spec_worker.state import FaserDraftState
+from faser_sglang.spec_worker.tp_sync import RankAgreement, shared_seed
 from faser_sglang.spec_worker.validation import check_draft_matches_target
 from faser_sglang.spec_worker.verify import VerifyPhase
 
@@ -61,10 +61,11 @@ class FaserWorker(BaseSpecWorker):
             # Only the adaptive policy reads the two models' configs (for its cost model).
             deployment = deployment_from_runners(server_args, target_worker.model_runner, self.draft_runner)
         self.policy = make_policy(self.config, deployment)
-        self.stats = FaserStats(trace_path=self.config.trace_path)
-        self.generator: Optional[torch.Generator] = None
-        if self.config.seed is not None:
-            self.generator = torch.Generator(device=self.device).manual_seed(self.config.seed)
+        # Under tensor parallelism every rank must feed the same tokens (tp_sync.py).
+        self.agreement = RankAgreement.from_sglang_tp_group()
+        self.stats = FaserStats(trace_path=self.config.trace_path if self.agreement.is_src else None)
+        seed = shared_seed(self.config.seed, server_args.random_seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         logger.info("FASER worker: K_max=%d config=%s", self.k_max, self.config.to_dict())
 
     # SGLang lifecycle -------------------------------------------------------
@@ -117,12 +118,15 @@ class FaserWorker(BaseSpecWorker):
         rids = [req.rid for req in batch.reqs]
         seq_lens = batch.seq_lens_cpu.tolist()
         context = StepContext(tuple(seq_lens), tuple(state.draft_kv_lens))
-        lengths = self.policy.choose(rids, self.k_max, context)
+        lengths = self.agreement.lengths(
+            cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs)
+        )
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
         sampling = SamplingRows.from_sampling_info(batch.sampling_info)
         clock.mark("policy")
 
         drafts = self.draft_phase.run(batch, layout, state.draft_kv_lens, sampling, self.generator)
+        self.agreement.tokens(drafts.tokens)
         clock.mark("draft")
         bonus = self.verify_phase.bonus_tokens(batch)
         logits = layout.to_padded(
@@ -163,6 +167,25 @@ class FaserWorker(BaseSpecWorker):
             speculative_num_draft_tokens=width,
             can_run_cuda_graph=False,
         )
+
+
+def cap_to_remaining(lengths: list[int], reqs) -> list[int]:
+    """Cap each draft length so that a request only reaches max_new_tokens in a
+    one-token step.
+
+    SGLang checks a multi-token step's length limit before its stop strings and stop
+    tokens, so a step that crossed the limit with a stop inside it would finish on
+    length with the stop text kept, unlike plain decoding. A step emits at most k + 1
+    tokens; with k <= remaining - 2 it stays short of the limit, and the last token
+    before the limit comes from a plain (k = 0) step.
+    """
+    capped = []
+    for k, req in zip(lengths, reqs):
+        limit = req.sampling_params.max_new_tokens
+        if limit is not None:
+            k = min(k, max(0, limit - len(req.output_ids) - 2))
+        capped.append(k)
+    return capped
 
 
 def _without_spec_info(batch: ScheduleBatch) -> ScheduleBatch:

@@ -5,6 +5,12 @@ export PYTHONUNBUFFERED=1
 FASER_SITE=${FASER_SITE:-/tmp/faser-site}
 eval "$(bash scripts/gpu/install_bundle.sh "$FASER_SITE" | tail -1)"
 # This package goes next to the bundle so its sglang.srt.plugins entry point is found
-# by every SGLang process; no build isolation (no network there).
-python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$FASER_SITE" . >/dev/null
+# by every SGLang process; no build isolation (no network there). Skipped when this
+# same source is installed: servers still running from an earlier call keep importing
+# from there.
+FASER_SRC_ID=$(cat pyproject.toml $(find faser_sglang -name '*.py' | sort) | sha256sum | cut -d' ' -f1)
+if [[ "$(cat "$FASER_SITE/.faser-src.sha256" 2>/dev/null)" != "$FASER_SRC_ID" ]]; then
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$FASER_SITE" . >/dev/null
+  echo "$FASER_SRC_ID" > "$FASER_SITE/.faser-src.sha256"
+fi
 export PYTHONPATH=$PWD/tests:$PYTHONPATH

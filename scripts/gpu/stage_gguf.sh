@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The SmolLM2 GGUF (98 MB) is larger than one transfer to the GPU machine (64 MiB with
-# the repo), so it travels in parts, one per device call:
-#   here:  bash scripts/gpu/stage_gguf.sh            -> .bundle/gguf/part-00 .. part-03 + SHA256
+# the repo), so it travels in three parts, one per device call: part-00 fills what the
+# SGLang bundle leaves of the first call, part-01 a whole call, part-02 the rest.
+#   here:  bash scripts/gpu/stage_gguf.sh            -> .bundle/gguf/part-00 .. part-02 + SHA256
 #   there: bash scripts/gpu/stage_gguf.sh --receive  (in each call that carries a part)
 # The receiving side appends the carried parts to /tmp/faser-gguf (kept while the
 # machine stays warm) and, once complete and checksummed, prints the export line for
@@ -30,6 +31,14 @@ fi
 . .venv/bin/activate
 SRC=$(python -c "from faser_sglang.kit.smollm2 import gguf_path; print(gguf_path())")
 rm -rf "$PARTS" && mkdir -p "$PARTS"
-split -b 30M -d -a 2 "$SRC" "$PARTS/part-"
+MIB=$((1024 * 1024))
+FIRST=$((64 * MIB - $(stat -c %s .bundle/sglang-gpu.tar.xz) - 2 * MIB))  # 2 MiB for the repo
+SECOND=$((62 * MIB))
+cut_part() {  # cut_part NAME OFFSET [COUNT]: bytes OFFSET.. of the GGUF
+  dd if="$SRC" of="$PARTS/$1" iflag=skip_bytes,count_bytes skip="$2" ${3:+count=$3} bs=4M status=none
+}
+cut_part part-00 0 "$FIRST"
+cut_part part-01 "$FIRST" "$SECOND"
+cut_part part-02 $((FIRST + SECOND))
 sha256sum "$SRC" | cut -d' ' -f1 > "$PARTS/SHA256"
 ls -la "$PARTS"

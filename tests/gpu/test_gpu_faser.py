@@ -169,6 +169,40 @@ def test_greedy_equals_no_spec(variant, gpu_models, tmp_path):
     assert real == 0
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("policy", ["ema", "adaptive"])
+def test_tp2_greedy_equals_no_spec(policy, gpu_models, tmp_path):
+    """--tp 2: both ranks must take the same per-request lengths and feed the same
+    drafts (tp_sync.py); greedy output equals no-spec at TP=2, sampled requests in
+    the same batches finish well-formed."""
+    flags = (*BASE_FLAGS, *VARIANTS["flashinfer-bf16-graphs"], "--tp", "2")
+    prompt_ids = _prompt_ids(gpu_models.target)
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace))
+    faser_args = (
+        *flags,
+        "--speculative-algorithm", "FASER",
+        "--speculative-draft-model-path", str(gpu_models.draft),
+        "--speculative-num-steps", str(K_MAX),
+    )  # fmt: skip
+    with launch(gpu_models.target, flags) as server:
+        ref = _reference(server.base_url, prompt_ids)
+    sampled = {"max_new_tokens": 48, "temperature": 0.8, "top_p": 0.9, "ignore_eos": True}
+    with launch(gpu_models.target, faser_args, env=env) as fserver, ThreadPoolExecutor(2) as pool:
+        sampled_outs = pool.submit(_generate_all, fserver.base_url, prompt_ids[:10], sampled)
+        got = _generate_all(fserver.base_url, prompt_ids, GREEDY)
+        sampled_outs = sampled_outs.result()
+    divergences = _divergences(ref, got)
+    real = sum(not is_near_tie(d) for d in divergences)
+    steps = read_trace(trace)
+    _record({"test": "tp2_greedy_equality", "policy": policy, "requests": len(PROMPTS),
+             "mismatched": len(divergences), "non_tie_mismatches": real, "steps": len(steps),
+             "mixed_length_steps": sum(len(set(s["draft_lens"])) > 1 for s in steps),
+             "divergences": divergences})  # fmt: skip
+    assert real == 0
+    assert all(len(o["output_ids"]) == sampled["max_new_tokens"] for o in sampled_outs)
+
+
 @pytest.mark.parametrize("variant", ["flashinfer-bf16-graphs"])
 def test_identity_model_accepts_every_draft(variant, gpu_models, tmp_path):
     trace = tmp_path / "trace.jsonl"

@@ -1,0 +1,68 @@
+"""Request guard and the remaining-tokens cap, without a server."""
+
+from array import array
+from types import SimpleNamespace
+
+import pytest
+
+from faser_sglang.request_guard import request_error, unsupported_feature
+from faser_sglang.spec_worker.worker import cap_to_remaining
+
+VOCAB = 512
+
+
+def sp(**kw):
+    base = dict(frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0, min_new_tokens=0,
+                json_schema=None, regex=None, ebnf=None, structural_tag=None, n=1)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def req(**kw):
+    base = dict(sampling_params=sp(), input_ids=array("q", [1, 2, 3]), return_logprob=False,
+                logprob_start_len=-1, top_logprobs_num=0)
+    return SimpleNamespace(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "params, feature",
+    [
+        (dict(frequency_penalty=0.5), "frequency_penalty"),
+        (dict(presence_penalty=-0.5), "presence_penalty"),
+        (dict(repetition_penalty=1.5), "repetition_penalty"),
+        (dict(min_new_tokens=3), "min_new_tokens"),
+        (dict(regex="a+"), "regex"),
+        (dict(json_schema="{}"), "json_schema"),
+    ],
+)
+def test_unsupported_features_are_named(params, feature):
+    assert feature in unsupported_feature(sp(**params))
+    assert "FASER does not support" in request_error(req(sampling_params=sp(**params)), VOCAB)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(input_ids=array("q", [1, 99999])), "input_ids"),
+        (dict(input_ids=array("q", [1, -3])), "input_ids"),
+        (dict(return_logprob=True, logprob_start_len=-5), "logprob_start_len"),
+        (dict(return_logprob=True, top_logprobs_num=100000), "top_logprobs_num"),
+        (dict(sampling_params=sp(n=0)), "n must be"),
+    ],
+)
+def test_crashing_values_are_refused(fields, message):
+    assert message in request_error(req(**fields), VOCAB)
+
+
+def test_plain_requests_pass():
+    assert request_error(req(), VOCAB) is None
+    assert request_error(req(return_logprob=True, top_logprobs_num=5, logprob_start_len=0), VOCAB) is None
+    assert request_error(SimpleNamespace(), VOCAB) is None  # not a generate request
+
+
+def test_cap_to_remaining():
+    reqs = [
+        SimpleNamespace(sampling_params=SimpleNamespace(max_new_tokens=m), output_ids=[0] * done)
+        for m, done in [(100, 10), (9, 5), (9, 7), (9, 8), (None, 50)]
+    ]
+    # remaining 90 -> uncapped; 4 -> k <= 2; 2 -> k = 0; 1 -> k = 0; no limit -> uncapped
+    assert cap_to_remaining([5, 5, 5, 5, 5], reqs) == [5, 2, 0, 0, 5]
