@@ -81,6 +81,7 @@ def register() -> None:
     )(_worker_factory)
     HookRegistry.register(CAPTURE_CUDA_GRAPHS, _no_target_decode_graphs, HookType.AROUND)
     HookRegistry.register(request_guard.TOKENIZE_STEP, request_guard.guard_tokenize, HookType.AROUND)
+    HookRegistry.register(request_guard.VALIDATE_STEP, request_guard.guard_validate, HookType.AROUND)
 
 
 def _registered() -> bool:

@@ -2,12 +2,13 @@
 malformed requests that would otherwise take the server down, with an HTTP 400.
 
 SGLang turns a ``ValueError`` raised while it builds a request into a 400 answer.
-This guard wraps that step (``TokenizerManager._create_tokenized_object``) through
-HookRegistry and acts only when the server's algorithm is FASER:
+This guard wraps that step (``TokenizerManager._create_tokenized_object``) and the
+length check before it (``_validate_one_request``) through HookRegistry, and acts
+only when the server's algorithm is FASER:
 - sampling features FASER's verify step does not apply yet (penalties,
   ``min_new_tokens``, grammar constraints) are refused instead of silently ignored;
-- wrongly typed sampling parameters (``TypeError`` in SGLang's constructor, which
-  SGLang 0.5.17 answers with a 500) become a 400;
+- wrongly typed sampling parameters (a ``TypeError`` in SGLang's length check or
+  constructor, which SGLang 0.5.17 answers with a 500) become a 400;
 - values SGLang 0.5.17 accepts but then crashes its scheduler on (token ids outside
   the vocabulary, ``top_logprobs_num`` above the vocabulary, ``logprob_start_len``
   below -1) and ``n < 1`` are refused.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 TOKENIZE_STEP = "sglang.srt.managers.tokenizer_manager.TokenizerManager._create_tokenized_object"
+VALIDATE_STEP = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
 ALGORITHM_NAME = "FASER"
 
 
@@ -64,9 +66,23 @@ def request_error(req: Any, vocab_size: int) -> Optional[str]:
     return None
 
 
+def _is_faser(manager: Any) -> bool:
+    return str(getattr(manager.server_args, "speculative_algorithm", "")).upper() == ALGORITHM_NAME
+
+
+def guard_validate(original, manager, *args, **kwargs):
+    """AROUND hook on SGLang's input + max_new_tokens length check."""
+    if not _is_faser(manager):
+        return original(manager, *args, **kwargs)
+    try:
+        return original(manager, *args, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"invalid request parameter: {e}") from e
+
+
 def guard_tokenize(original, manager, *args, **kwargs):
     """AROUND hook on SGLang's request-building step (see the module docstring)."""
-    if str(getattr(manager.server_args, "speculative_algorithm", "")).upper() != ALGORITHM_NAME:
+    if not _is_faser(manager):
         return original(manager, *args, **kwargs)
     try:
         req = original(manager, *args, **kwargs)

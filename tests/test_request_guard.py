@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from faser_sglang.request_guard import request_error, unsupported_feature
+from faser_sglang.request_guard import guard_validate, request_error, unsupported_feature
 from faser_sglang.spec_worker.worker import cap_to_remaining
 
 VOCAB = 512
@@ -66,3 +66,16 @@ def test_cap_to_remaining():
     ]
     # remaining 90 -> uncapped; 4 -> k <= 2; 2 -> k = 0; 1 -> k = 0; no limit -> uncapped
     assert cap_to_remaining([5, 5, 5, 5, 5], reqs) == [5, 2, 0, 0, 5]
+
+
+def test_type_errors_in_sglang_checks_become_value_errors_on_faser_only():
+    def sglang_check(manager, obj):
+        return obj["max_new_tokens"] + 3  # SGLang adds the prompt length: TypeError for a string
+
+    faser = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm="FASER"))
+    other = SimpleNamespace(server_args=SimpleNamespace(speculative_algorithm=None))
+    assert guard_validate(sglang_check, faser, {"max_new_tokens": 2}) == 5
+    with pytest.raises(ValueError, match="invalid request parameter"):
+        guard_validate(sglang_check, faser, {"max_new_tokens": "ten"})
+    with pytest.raises(TypeError):
+        guard_validate(sglang_check, other, {"max_new_tokens": "ten"})

@@ -169,6 +169,9 @@ def test_greedy_equals_no_spec(variant, gpu_models, tmp_path):
     assert real == 0
 
 
+_REFERENCES: dict[str, list[dict]] = {}
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 @pytest.mark.parametrize("policy", ["ema", "adaptive"])
 def test_tp2_greedy_equals_no_spec(policy, gpu_models, tmp_path):
@@ -185,8 +188,10 @@ def test_tp2_greedy_equals_no_spec(policy, gpu_models, tmp_path):
         "--speculative-draft-model-path", str(gpu_models.draft),
         "--speculative-num-steps", str(K_MAX),
     )  # fmt: skip
-    with launch(gpu_models.target, flags) as server:
-        ref = _reference(server.base_url, prompt_ids)
+    if "tp2" not in _REFERENCES:  # one no-spec TP=2 server serves both policies' comparisons
+        with launch(gpu_models.target, flags) as server:
+            _REFERENCES["tp2"] = _reference(server.base_url, prompt_ids)
+    ref = _REFERENCES["tp2"]
     sampled = {"max_new_tokens": 48, "temperature": 0.8, "top_p": 0.9, "ignore_eos": True}
     with launch(gpu_models.target, faser_args, env=env) as fserver, ThreadPoolExecutor(2) as pool:
         sampled_outs = pool.submit(_generate_all, fserver.base_url, prompt_ids[:10], sampled)
