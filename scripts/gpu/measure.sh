@@ -5,13 +5,15 @@
 # call leaves everything measured so far in $OUT/results.tgz.
 #
 #   call  carry                                              what runs
-#   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; soak (GPU 1, background, 8 min);
-#         .bundle/gguf/SHA256                                TP=2 tests; A/B --quick at TP=2 (tiny pair)
+#   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; background: soak (GPU 1, 8 min)
+#         .bundle/gguf/SHA256
 #   2     .bundle/gguf/part-01                               receive the second GGUF part
-#   3     .bundle/gguf/part-02                               background: build the cost-faithful pair (GPU 0),
-#                                                            profile costs (GPU 1), A/B on both GPUs;
-#                                                            foreground: single-GPU tests (GPU 0)
-#   4     -                                                  wait for the A/B, collect
+#   3     .bundle/gguf/part-02                               background: build the cost-faithful pair and
+#                                                            profile its costs (GPU 0); once the soak is
+#                                                            done, the A/B on both GPUs (one lane each)
+#   4     -                                                  wait for the A/B (at most WAIT s), collect
+#
+# The GPU tests (single GPU and TP=2) are scripts/gpu/run_gpu_tests.sh.
 #
 #   FASER_COMMIT=<sha> bash scripts/gpu/measure.sh 1|2|3|4
 set -uo pipefail
@@ -25,8 +27,10 @@ mkdir -p "$OUT" "$RES"
 log() { echo "[measure $(date -u +%T)] $*" | tee -a "$RES/measure.log"; }
 collect() { tar czf "$OUT/results.tgz" -C "$RES" . && log "collected: $(du -sh "$RES" | cut -f1)"; }
 background() {  # background NAME CMD...: survives the end of this call
-  setsid nohup bash -c "$*" >"$RES/$1.log" 2>&1 </dev/null &
+  local name=$1; shift
+  setsid nohup bash -c "$*" >"$RES/$name.log" 2>&1 </dev/null &
 }
+trap collect EXIT
 SERVER_FLAGS="--attention-backend flashinfer --dtype bfloat16 --cuda-graph-backend-prefill disabled"
 TINY_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 64 --mem-fraction-static 0.3 --max-total-tokens 200000"
 BIG_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 64 --max-running-requests 64 --max-total-tokens 400000 --mem-fraction-static 0.8"
@@ -39,48 +43,35 @@ case ${1:?call: 1|2|3|4} in
     bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log"
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
-    log "soak: 8 min on GPU 1 (background)"
-    background soak CUDA_VISIBLE_DEVICES=1 python3 -m faser_sglang.bench.soak --target $TINY/target \
+    log "background: soak, 8 min on GPU 1"
+    background soak "CUDA_VISIBLE_DEVICES=1 python3 -m faser_sglang.bench.soak --target $TINY/target \
       --draft $TINY/draft --out $RES/soak --duration 480 --rate 8 --peak-to-valley 10 --abort-fraction 0.1 \
-      --k-max 5 --server-args $TINY_FLAGS
-    log "TP=2 tests"
-    python3 -m pytest -p no:cacheprovider tests/gpu -m gpu -q -k tp2 2>&1 | tee "$RES/gpu_tests_tp2.log" | tail -5
-    log "A/B --quick at TP=2 (tiny pair)"
-    python3 -m faser_sglang.bench.ab --target $TINY/target --draft $TINY/draft --out $RES/ab-tp2-tiny \
-      --contenders no-spec standalone-k3 faser --k-max 4 --max-new-tokens 128 --rate 8 --peak-to-valley 10 \
-      --duration 40 --burst-min 5 --burst-max 15 --server-args $TINY_FLAGS --tp 2 2>&1 | grep "^\[ab\]\|^|"
-    collect ;;
+      --k-max 5 --server-args $TINY_FLAGS; touch $RES/soak.done" ;;
   2)
-    bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log"
-    collect ;;
+    bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log" ;;
   3)
     eval "$(bash scripts/gpu/stage_gguf.sh --receive | tail -1)"
     [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
     echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"}" > $RES/faser-ad.json
-    log "background: build pair (GPU 0) -> profile (GPU 1) -> A/B (GPUs 0, 1)"
+    log "background: build pair, profile (GPU 0); after the soak: A/B on GPUs 0 and 1"
     background big "set -eo pipefail
       export FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF
       CUDA_VISIBLE_DEVICES=0 python3 scripts/build_models.py pair $MODELS --preset cost-faithful \
-        --distill-steps ${DISTILL_STEPS:-1000} 2>&1 | tail -20
+        --distill-steps ${DISTILL_STEPS:-500} 2>&1 | tail -20
       cp $MODELS/pair.json $RES/
-      CUDA_VISIBLE_DEVICES=1 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
-        --out $RES/costs.json --k-max 7 --batch-sizes 1,2,4,8,16,32,64 --long-batch-sizes '' \
-        --max-new-tokens 64 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20
-      while [[ ! -f $RES/tests.done ]]; do sleep 2; done  # GPU 0 free of the tests before timing
+      CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
+        --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64 --long-batch-sizes '' \
+        --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20
+      while [[ ! -f $RES/soak.done ]]; do sleep 2; done  # GPU 1 free of the soak before timing
       python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab \
-        --gpus 0 1 --contenders no-spec standalone-k2 standalone-k4 standalone-k6 ngram faser faser-ad \
+        --gpus 0 1 --contenders ${CONTENDERS:-no-spec faser-ad standalone-k2 faser standalone-k5} \
         --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
-        --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-75} --burst-min 5 --burst-max 25 \
+        --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
         --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20'
-      touch $RES/big.done"
-    log "single-GPU tests (GPU 0)"
-    CUDA_VISIBLE_DEVICES=0 python3 -m pytest -p no:cacheprovider tests/gpu -m gpu -q -k "not tp2" 2>&1 \
-      | tee "$RES/gpu_tests.log" | tail -5
-    touch $RES/tests.done
-    collect ;;
+      touch $RES/big.done" ;;
   4)
-    for _ in $(seq 1 110); do [[ -f $RES/big.done ]] && break; sleep 5; done
-    tail -40 "$RES/big.log"
-    [[ -f $RES/big.done ]] || log "A/B still running (collecting what exists)"
-    collect ;;
+    # Wait for the A/B, at most $WAIT seconds (the call's limit is 600).
+    for _ in $(seq 1 $((${WAIT:-540} / 5))); do [[ -f $RES/big.done ]] && break; sleep 5; done
+    tail -30 "$RES/big.log"; tail -3 "$RES/soak.log"
+    [[ -f $RES/big.done ]] || log "A/B still running (collecting what exists)" ;;
 esac
