@@ -274,7 +274,7 @@ REQUEST_CASES = (
                 {"model": "m", "prompt": "hi", "max_tokens": -1}, endpoint="/v1/completions"),
     RequestCase("openai-chat-messages-not-a-list",
                 {"model": "m", "messages": "hi", "max_tokens": 4}, endpoint="/v1/chat/completions"),
-    # Each of these took the whole server down in SGLang 0.5.17 (see the report).
+    # Without FASER's request guard each of these takes the whole SGLang 0.5.17 server down.
     RequestCase("input-id-out-of-vocab", _gen(input_ids=[1, 99999])),
     RequestCase("input-id-negative", _gen(input_ids=[1, -3])),
     RequestCase("logprob-start-len-negative", _gen(return_logprob=True, logprob_start_len=-5)),
