@@ -137,18 +137,21 @@ def run_one(base_url: str, plan: Plan, start: float) -> Outcome:
 
 
 def per_minute(outcomes: Sequence[Outcome], duration: float) -> list[dict[str, Any]]:
+    """Completed/aborted/failed counts, tokens and latency percentiles of the requests
+    that arrived in each minute."""
+    pct = lambda xs, q: round(float(np.percentile(xs, q)), 3) if xs else None  # noqa: E731
     rows = []
     for m in range(int(np.ceil(duration / MINUTE))):
-        done = [o for o in outcomes if m * MINUTE <= o.arrival < (m + 1) * MINUTE and o.status == "ok"]
+        arrived = [o for o in outcomes if m * MINUTE <= o.arrival < (m + 1) * MINUTE]
+        done = [o for o in arrived if o.status == "ok"]
         e2e = [o.e2e for o in done if o.e2e is not None]
         ttft = [o.ttft for o in done if o.ttft is not None]
-        pct = lambda xs, q: round(float(np.percentile(xs, q)), 3) if xs else None  # noqa: E731
         rows.append(
             {
                 "minute": m + 1,
                 "completed": len(done),
-                "aborted": sum(o.status == "aborted" and m * MINUTE <= o.arrival < (m + 1) * MINUTE for o in outcomes),
-                "errors": sum(o.status == "error" and m * MINUTE <= o.arrival < (m + 1) * MINUTE for o in outcomes),
+                "aborted": sum(o.status == "aborted" for o in arrived),
+                "errors": sum(o.status == "error" for o in arrived),
                 "output_tokens": sum(o.output_tokens for o in done),
                 "e2e_p50": pct(e2e, 50), "e2e_p90": pct(e2e, 90), "e2e_p99": pct(e2e, 99),
                 "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
