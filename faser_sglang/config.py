@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional
 CONFIG_ENV = "FASER_CONFIG"
 
 POLICIES = ("ema", "fixed", "adaptive", "random")
+CHUNK_FORWARDS = ("auto", "decode_rows", "extend")
 
 
 @dataclass(frozen=True)
@@ -52,10 +53,19 @@ class FaserConfig:
     trace_path: Optional[str] = None
     # Seed of the acceptance RNG (rejection sampling); None draws from torch's global RNG.
     seed: Optional[int] = None
+    # How the verify and the draft's catch-up feed several tokens per request:
+    # "decode_rows" (one decode row per token, replayed from CUDA graphs), "extend" (one
+    # EXTEND forward, eager) or "auto" (decode rows whenever the model's decode CUDA
+    # graphs fit them). spec_worker/chunk_forward.py explains both.
+    chunk_forward: str = "auto"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"FASER config 'policy' must be one of {POLICIES}, got {self.policy!r}")
+        if self.chunk_forward not in CHUNK_FORWARDS:
+            raise ValueError(
+                f"FASER config 'chunk_forward' must be one of {CHUNK_FORWARDS}, got {self.chunk_forward!r}"
+            )
         _check_range("ema_alpha", self.ema_alpha, 0.0, 1.0, low_open=True)
         _check_range("prior_accept_rate", self.prior_accept_rate, 0.0, 1.0)
         _check_range("min_token_value", self.min_token_value, 0.0, 1.0, high_open=True)

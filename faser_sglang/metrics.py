@@ -33,7 +33,13 @@ class PhaseClock:
         self.enabled = enabled
         self.device = device
         self.seconds: dict[str, float] = {}
+        self.labels: dict[str, str] = {}
         self._last = time.perf_counter()
+
+    def label(self, key: str, value: str) -> None:
+        """A fact about the step for the trace (e.g. which forward the verify ran)."""
+        if self.enabled:
+            self.labels[key] = value
 
     def mark(self, phase: str) -> None:
         if not self.enabled:
@@ -55,6 +61,7 @@ class StepRecord:
     num_accepted: Sequence[int]
     seconds: float
     phase_seconds: dict[str, float]
+    labels: dict[str, str]
 
     def to_json(self) -> str:
         return json.dumps(
@@ -67,6 +74,7 @@ class StepRecord:
                 "num_accepted": list(self.num_accepted),
                 "seconds": round(self.seconds, 6),
                 **{f"{k}_seconds": round(v, 6) for k, v in self.phase_seconds.items()},
+                **self.labels,
             }
         )
 
@@ -110,6 +118,7 @@ class FaserStats:
                 num_accepted,
                 time.perf_counter() - started,
                 clock.seconds,
+                clock.labels,
             )
             self._trace.write(rec.to_json() + "\n")
         if self.steps % self.log_interval == 0:

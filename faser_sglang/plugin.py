@@ -3,9 +3,9 @@
 SGLang runs every ``sglang.srt.plugins`` entry point once per process
 (launcher, engine, each scheduler) before it parses arguments, so
 ``--speculative-algorithm FASER`` resolves everywhere through SGLang's own
-registry. Two hooks, through SGLang's HookRegistry: the target model skips the
-decode CUDA graphs it would capture for EAGLE-style verification, and requests are
-checked before they reach the scheduler (``faser_sglang.request_guard``).
+registry. Hooks, through SGLang's HookRegistry: the target model captures its decode
+CUDA graphs as a plain decoder's instead of for EAGLE-style verification, and
+requests are checked before they reach the scheduler (``faser_sglang.request_guard``).
 """
 
 from __future__ import annotations
@@ -58,15 +58,20 @@ def _worker_factory(server_args):
 CAPTURE_CUDA_GRAPHS = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_cuda_graphs"
 
 
-def _no_target_decode_graphs(original, *args, **kwargs):
-    """SGLang captures a speculative target's decode graphs in TARGET_VERIFY mode with
-    a fixed verify width and EAGLE inputs. FASER verifies with ragged EXTEND forwards
-    (which may use the prefill graphs) and never runs the target in decode mode, so
-    the target skips those graphs instead of failing to capture them."""
+def _target_graphs_as_plain_decoder(original, *args, **kwargs):
+    """SGLang captures a speculative target's decode graphs in TARGET_VERIFY mode, with
+    a fixed verify width and EAGLE inputs. FASER's target runs plain DECODE forwards
+    (its verify as decode rows, chunk_forward.py), so its decode graphs are captured
+    as an ordinary decoder's: the runner's algorithm reads NONE during the capture."""
     runner = kwargs.get("model_runner")
-    if isinstance(runner.spec_algorithm, FaserSpecAlgo) and not runner.is_draft_worker:
-        kwargs["capture_decode_cuda_graph"] = False
-    return original(*args, **kwargs)
+    if not isinstance(runner.spec_algorithm, FaserSpecAlgo) or runner.is_draft_worker:
+        return original(*args, **kwargs)
+    algorithm = runner.spec_algorithm
+    runner.spec_algorithm = SpeculativeAlgorithm.NONE
+    try:
+        return original(*args, **kwargs)
+    finally:
+        runner.spec_algorithm = algorithm
 
 
 def register() -> None:
@@ -79,7 +84,7 @@ def register() -> None:
         validate_server_args=validation.validate_server_args,
         spec_class=FaserSpecAlgo,
     )(_worker_factory)
-    HookRegistry.register(CAPTURE_CUDA_GRAPHS, _no_target_decode_graphs, HookType.AROUND)
+    HookRegistry.register(CAPTURE_CUDA_GRAPHS, _target_graphs_as_plain_decoder, HookType.AROUND)
     HookRegistry.register(request_guard.TOKENIZE_STEP, request_guard.guard_tokenize, HookType.AROUND)
     HookRegistry.register(request_guard.VALIDATE_STEP, request_guard.guard_validate, HookType.AROUND)
 

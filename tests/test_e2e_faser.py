@@ -109,6 +109,10 @@ def test_mixed_sampling_params_in_one_batch(nospec, faser):
 
 
 def test_sampled_tokens_follow_target_distribution(tiny_models, faser):
+    assert_second_token_follows_target(tiny_models, faser.base_url)
+
+
+def assert_second_token_follows_target(tiny_models, base_url: str) -> None:
     """Chi-square on the second generated token (produced by a verify step) against
     the target's exact distribution computed with transformers."""
     from scipy.stats import chisquare
@@ -132,7 +136,7 @@ def test_sampled_tokens_follow_target_distribution(tiny_models, faser):
 
     samples = []
     for _ in range(8):
-        outs = generate(faser.base_url, [prompt_ids] * 50, params)
+        outs = generate(base_url, [prompt_ids] * 50, params)
         samples += [o["output_ids"][1] for o in outs]
     support = torch.nonzero(expected > 0).flatten().tolist()
     assert set(samples) <= set(support)
@@ -272,3 +276,31 @@ def test_greedy_equality_holds_for_every_length_policy(nospec, tiny_models, tmp_
     assert all("draft_kv_lens" in s and "draft_seconds" in s for s in steps)
     if policy == "adaptive":
         assert "analytical" in log.lower()  # no cost file: the fallback is announced
+
+
+def test_decode_rows_verify_and_catch_up_are_lossless(nospec, tiny_models, tmp_path):
+    """The verify and the draft catch-up as one decode row per chunk token (the CUDA
+    graph path on GPUs, forced here): greedy output equals no speculation and sampled
+    output follows the target. The random policy leaves draft KV gaps of several
+    tokens, so catch-up chunks longer than one token occur. Room for 256 decode rows
+    (50 requests x (K_MAX + 1) verify tokens at most): every step uses them."""
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(
+        tmp_path / "faser.json", policy="random", chunk_forward="decode_rows", trace_path=str(trace), seed=3
+    )
+    reference = ids(generate(nospec.base_url, PROMPTS, GREEDY))
+    with launch_server(
+        tiny_models.target,
+        "--speculative-algorithm", "FASER",
+        "--speculative-draft-model-path", str(tiny_models.draft),
+        "--speculative-num-steps", str(K_MAX),
+        "--max-running-requests", "256",
+        env=env,
+    ) as server:  # fmt: skip
+        assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference
+        assert_second_token_follows_target(tiny_models, server.base_url)
+    steps = read_trace(trace)
+    gaps = [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]
+    assert max(gaps) >= 2, "no catch-up fed more than one committed token"
+    assert any(len(set(s["draft_lens"])) > 1 for s in steps)
+    assert all(s["verify_forward"] == "decode_rows" for s in steps)

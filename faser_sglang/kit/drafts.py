@@ -601,6 +601,7 @@ def distill(
         "steps": steps,
         "seq_len": seq_len,
         "batch_size": batch_size,
+        "generate_batch": GENERATE_BATCH,
         "lr": lr,
         "seed": seed,
         "prompts_sha256": hashlib.sha256("\0".join(prompts).encode()).hexdigest(),
@@ -624,8 +625,8 @@ def distill(
     order = list(range(len(prompts)))
     random.Random(seed).shuffle(order)
     num_held_out = max(1, len(prompts) // 8)
-    held_out = _generate(target, tokenizer, [prompts[i] for i in order[:num_held_out]], seq_len, batch_size)
-    train = _generate(target, tokenizer, [prompts[i] for i in order[num_held_out:]], seq_len, batch_size)
+    held_out = _generate(target, tokenizer, [prompts[i] for i in order[:num_held_out]], seq_len)
+    train = _generate(target, tokenizer, [prompts[i] for i in order[num_held_out:]], seq_len)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
 
     before = _agreement(target, draft, held_out, batch_size, autocast)
@@ -695,13 +696,17 @@ def _warmup_cosine(steps: int) -> Callable[[int], float]:
     return factor
 
 
+# Prompts per generate() call. Generation is bound by one forward per new token, so a
+# wide batch (prompts of similar length side by side) costs about what a narrow one does.
+GENERATE_BATCH = 64
+
+
 @torch.no_grad()
 def _generate(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
     seq_len: int,
-    batch_size: int,
 ) -> _Sequences:
     """Greedy target continuations, each cut to exactly ``seq_len`` tokens."""
     encoded = []
@@ -715,8 +720,11 @@ def _generate(
     tokens = torch.empty(len(encoded), seq_len, dtype=torch.long)
     continuation = torch.zeros(len(encoded), seq_len, dtype=torch.bool)
     device = model.device
-    for start in tqdm(range(0, len(encoded), batch_size), desc="target continuations", unit="batch"):
-        chunk = encoded[start : start + batch_size]
+    # Similar lengths share a batch, so few rows generate past their own seq_len.
+    by_length = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    for start in tqdm(range(0, len(encoded), GENERATE_BATCH), desc="target continuations", unit="batch"):
+        rows = by_length[start : start + GENERATE_BATCH]
+        chunk = [encoded[i] for i in rows]
         width = max(map(len, chunk))
         # Left padding keeps every prompt's last token at the generation front.
         input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in chunk], device=device)
@@ -730,10 +738,10 @@ def _generate(
             do_sample=False,
             pad_token_id=pad,
         )
-        for row, ids in enumerate(chunk):
+        for j, (i, ids) in enumerate(zip(rows, chunk)):
             offset = width - len(ids)
-            tokens[start + row] = out[row, offset : offset + seq_len].cpu()
-            continuation[start + row, len(ids) - 1 : seq_len - 1] = True
+            tokens[i] = out[j, offset : offset + seq_len].cpu()
+            continuation[i, len(ids) - 1 : seq_len - 1] = True
     return _Sequences(tokens, continuation)
 
 

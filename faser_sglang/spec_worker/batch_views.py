@@ -26,7 +26,8 @@ from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 @dataclass(frozen=True)
 class RowSelection:
-    """A subset of the running batch's rows (requests), in batch order."""
+    """Rows of the running batch, in batch order; a row may repeat (one decode row
+    per chunk token, chunk_forward.py)."""
 
     rows_cpu: tuple[int, ...]
     rows: torch.Tensor  # [n] int64 on the batch device
@@ -50,7 +51,7 @@ def _select_rows(batch: ScheduleBatch, sel: Optional[RowSelection]) -> ScheduleB
     view.multimodal_inputs = None
     view.global_num_tokens = None
     view.global_num_tokens_for_logprob = None
-    if sel is not None and len(sel.rows_cpu) != len(batch.reqs):
+    if sel is not None and sel.rows_cpu != tuple(range(len(batch.reqs))):
         view.reqs = [batch.reqs[i] for i in sel.rows_cpu]
         view.req_pool_indices = batch.req_pool_indices[sel.rows]
         if batch.req_pool_indices_cpu is not None:

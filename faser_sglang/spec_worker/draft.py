@@ -1,8 +1,8 @@
 """Draft phase: propose k_i tokens for every request with a separate draft model.
 
-Only requests with k_i > 0 run. One catch-up EXTEND forward feeds each such request
-the committed tokens its draft KV is missing plus its bonus token; its last logits
-give draft 1. Then DECODE forwards add one draft per step, each over only the
+Only requests with k_i > 0 run. One catch-up forward (chunk_forward.py: EXTEND or
+decode rows) feeds each such request the committed tokens its draft KV is missing
+plus its bonus token; its last logits give draft 1. Then DECODE forwards add one draft per step, each over only the
 requests that still want more, so the draft runs max(k_i) forwards and no request
 pays for a longer neighbour.
 
@@ -21,15 +21,10 @@ from typing import Optional, Sequence
 
 import torch
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
 from faser_sglang.layout import RaggedLayout
-from faser_sglang.spec_worker.batch_views import (
-    RowSelection,
-    decode_forward_batch,
-    extend_forward_batch,
-    kv_slots,
-)
+from faser_sglang.spec_worker.batch_views import RowSelection, decode_forward_batch
+from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.sampling import SamplingRows, greedy_tokens, sampling_probs
 
 
@@ -52,9 +47,10 @@ def committed_tokens(req: Req, start: int, end: int) -> list[int]:
 
 
 class DraftPhase:
-    def __init__(self, draft_runner, req_to_token_pool, k_max: int, vocab_size: int):
-        self.runner = draft_runner
-        self.req_to_token_pool = req_to_token_pool
+    def __init__(self, chunks: ChunkForward, k_max: int, vocab_size: int):
+        self.chunks = chunks
+        self.runner = chunks.runner
+        self.req_to_token_pool = chunks.req_to_token_pool
         self.k_max = k_max
         self.vocab_size = vocab_size
 
@@ -105,31 +101,14 @@ class DraftPhase:
         seq_lens: list[int],
         draft_kv_lens: Sequence[int],
     ) -> torch.Tensor:
-        device = batch.seq_lens.device
+        """Feed each active row its missing committed tokens and bonus token. [len(active), V]"""
         starts = [draft_kv_lens[i] for i in active]
         lens = [seq_lens[i] + 1 - draft_kv_lens[i] for i in active]  # committed gap + bonus
         ids: list[int] = []
         for i, s, n in zip(active, starts, lens):
             ids.extend(committed_tokens(batch.reqs[i], s, s + n))
-        sel = RowSelection.of(active, device)
-        out_cache_loc = kv_slots(
-            self.req_to_token_pool.req_to_token,
-            batch.req_pool_indices[sel.rows],
-            torch.tensor(starts, dtype=torch.int64, device=device),
-            torch.tensor(lens, dtype=torch.int64, device=device),
-            total=sum(lens),
-        )
-        fb = extend_forward_batch(
-            batch,
-            self.runner,
-            sel=sel,
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=device),
-            prefix_lens=starts,
-            extend_lens=lens,
-            out_cache_loc=out_cache_loc,
-            capture_hidden_mode=CaptureHiddenMode.NULL,
-        )
-        return self.runner.forward(fb).logits_output.next_token_logits
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=batch.seq_lens.device)
+        return self.chunks.logits(batch, active, starts, lens, input_ids, last_only=True)
 
     def _decode(
         self,

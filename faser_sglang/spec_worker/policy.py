@@ -25,7 +25,7 @@ class StepContext:
     """The batch a step's lengths are chosen for, in the order of ``rids``.
 
     Worked example, committed lengths [10, 7], draft KV fill [9, 7]: request 0's
-    catch-up EXTEND feeds positions 9..10 (one committed token the draft has not
+    catch-up forward feeds positions 9..10 (one committed token the draft has not
     seen, then the bonus token), request 1's feeds position 7 (the bonus token):
     catchup_tokens() == (2, 1).
     """
@@ -40,7 +40,7 @@ class StepContext:
             )
 
     def catchup_tokens(self) -> tuple[int, ...]:
-        """[bs] tokens the draft's catch-up EXTEND feeds a request if it drafts."""
+        """[bs] tokens the draft's catch-up forward feeds a request if it drafts."""
         return tuple(n - d + 1 for n, d in zip(self.seq_lens, self.draft_kv_lens))
 
 

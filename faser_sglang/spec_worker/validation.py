@@ -13,8 +13,8 @@ from faser_sglang.config import FaserConfig
 
 logger = logging.getLogger(__name__)
 
-# Attention backends whose EXTEND path (ragged verify chunks over a paged prefix)
-# FASER has been verified on.
+# Attention backends whose EXTEND and decode-row paths (ragged verify chunks over a
+# paged prefix, chunk_forward.py) FASER has been verified on.
 SUPPORTED_ATTENTION_BACKENDS = ("flashinfer", "triton", "intel_amx")
 MAX_DRAFT_LEN = 32
 DEFAULT_DRAFT_LEN = 5

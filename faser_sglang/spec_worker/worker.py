@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
+from typing import Optional
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -34,6 +35,7 @@ from faser_sglang.layout import RaggedLayout
 from faser_sglang.metrics import FaserStats
 from faser_sglang.spec_worker.accept import AcceptResult, accept
 from faser_sglang.spec_worker.adaptive import deployment_from_runners
+from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft import DraftPhase
 from faser_sglang.spec_worker.draft_model import DraftModel
 from faser_sglang.spec_worker.policy import StepContext, make_policy
@@ -77,8 +79,17 @@ class FaserWorker(BaseSpecWorker):
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
         vocab = self._target_worker.model_runner.model_config.vocab_size
-        self.draft_phase = DraftPhase(self.draft_runner, req_to_token_pool, self.k_max, vocab)
-        self.verify_phase = VerifyPhase(self._target_worker.model_runner, req_to_token_pool)
+        mode = self.config.chunk_forward
+        self.draft_phase = DraftPhase(ChunkForward(self.draft_runner, req_to_token_pool, mode), self.k_max, vocab)
+        self.verify_phase = VerifyPhase(ChunkForward(self._target_worker.model_runner, req_to_token_pool, mode))
+
+    def _verify_budget(self) -> Optional[int]:
+        """Verify tokens per step that replay from CUDA graphs (chunk_forward.py), when
+        FASER picks the forward itself; None: any count runs the same way."""
+        chunks = self.verify_phase.chunks
+        if chunks.mode != "auto" or chunks.graph_rows() == 0:
+            return None
+        return chunks.graph_rows()
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.policy.forget(rid)
@@ -118,9 +129,8 @@ class FaserWorker(BaseSpecWorker):
         rids = [req.rid for req in batch.reqs]
         seq_lens = batch.seq_lens_cpu.tolist()
         context = StepContext(tuple(seq_lens), tuple(state.draft_kv_lens))
-        lengths = self.agreement.lengths(
-            cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs)
-        )
+        lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs)
+        lengths = self.agreement.lengths(fit_token_budget(lengths, self._verify_budget()))
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
         sampling = SamplingRows.from_sampling_info(batch.sampling_info)
         clock.mark("policy")
@@ -129,6 +139,7 @@ class FaserWorker(BaseSpecWorker):
         self.agreement.tokens(drafts.tokens)
         clock.mark("draft")
         bonus = self.verify_phase.bonus_tokens(batch)
+        clock.label("verify_forward", self.verify_phase.chunks.forward_name(layout.num_verify_tokens))
         logits = layout.to_padded(
             self.verify_phase.run(batch, layout, bonus, drafts.tokens)
         )  # [bs, K+1, V]
@@ -186,6 +197,30 @@ def cap_to_remaining(lengths: list[int], reqs) -> list[int]:
             k = min(k, max(0, limit - len(req.output_ids) - 2))
         capped.append(k)
     return capped
+
+
+def fit_token_budget(lengths: list[int], budget: Optional[int]) -> list[int]:
+    """Shorten the longest drafts until the step verifies at most ``budget`` tokens
+    (sum of k_i + 1), so the verify replays from CUDA graphs instead of falling back to
+    an eager forward that costs more than the cut drafts could bring. A batch larger
+    than the budget verifies eagerly whatever the lengths, and is left alone.
+
+    lengths [5, 1, 3, 0], budget 10 (room for 6 drafts): cap 2 -> [2, 1, 2, 0], and the
+    one spare draft goes back to the first row that was cut -> [3, 1, 2, 0].
+    """
+    if budget is None or len(lengths) > budget or len(lengths) + sum(lengths) <= budget:
+        return list(lengths)
+    room = budget - len(lengths)
+    cap = max(lengths)
+    while sum(min(k, cap) for k in lengths) > room:
+        cap -= 1
+    spare = room - sum(min(k, cap) for k in lengths)
+    fitted = []
+    for k in lengths:
+        extra = 1 if spare > 0 and k > cap else 0
+        spare -= extra
+        fitted.append(min(k, cap) + extra)
+    return fitted
 
 
 def _without_spec_info(batch: ScheduleBatch) -> ScheduleBatch:

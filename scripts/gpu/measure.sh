@@ -5,17 +5,19 @@
 # call leaves everything measured so far in $OUT/results.tgz.
 #
 #   call  carry                                              what runs
-#   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; background: soak (GPU 1, 8 min; two GPUs only)
-#         .bundle/gguf/SHA256
+#   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; background: the single-GPU tests
+#         .bundle/gguf/SHA256                                (GPU 0) and the soak (GPU 1, 8 min)
 #   2     .bundle/gguf/part-01                               receive the second GGUF part
-#   3     .bundle/gguf/part-02                               background: build the cost-faithful pair and
-#                                                            profile its costs (GPU 0); once the soak is
-#                                                            done, the A/B on both GPUs (one lane each)
-#   4     -                                                  wait for the A/B (at most WAIT s), collect
+#   3     .bundle/gguf/part-02                               background "big": build the cost-faithful
+#                                                            pair (GPU 0); profile its costs once the tests
+#                                                            are done; the A/B (one lane per GPU) once the
+#                                                            soak is done; then the TP=2 tests and TP=2 A/B
+#   4     -                                                  wait for "big" (at most WAIT s), collect;
+#                                                            repeat while it runs
 #
 #   soak  (after call 1)                                     the soak alone (one-GPU machines)
-# On one GPU the A/B contenders run one after another. The GPU tests (single GPU and
-# TP=2) are scripts/gpu/run_gpu_tests.sh.
+# On one GPU the tests run in the background of call 1, the A/B contenders one after
+# another, and the soak and TP=2 runs are left out.
 #
 #   FASER_COMMIT=<sha> bash scripts/gpu/measure.sh 1|2|3|4
 set -uo pipefail
@@ -35,7 +37,7 @@ background() {  # background NAME CMD...: survives the end of this call
 trap collect EXIT
 SERVER_FLAGS="--attention-backend flashinfer --dtype bfloat16 --cuda-graph-backend-prefill disabled"
 TINY_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 64 --mem-fraction-static 0.3 --max-total-tokens 200000"
-BIG_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 64 --max-running-requests 64 --max-total-tokens 400000 --mem-fraction-static 0.8"
+BIG_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 --max-total-tokens 400000 --mem-fraction-static 0.8"
 export FASER_GPU_RESULTS=$RES/gpu_results.jsonl
 NUM_GPUS=$(nvidia-smi -L | wc -l)
 
@@ -46,6 +48,9 @@ case ${1:?call: 1|2|3|4} in
     bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log"
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
+    log "background: single-GPU tests on GPU 0"
+    background tests "CUDA_VISIBLE_DEVICES=0 OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k 'not tp2' \
+      | tail -15; touch $RES/tests.done"
     if (( NUM_GPUS < 2 )); then
       log "one GPU: no background soak (it would share the GPU with the timing runs); run call 'soak'"
       exit 0
@@ -62,21 +67,30 @@ case ${1:?call: 1|2|3|4} in
     [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
     echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"}" > $RES/faser-ad.json
     LANES=; (( NUM_GPUS >= 2 )) && LANES="--gpus 0 1"
-    log "background: build pair, profile (GPU 0); A/B (lanes: ${LANES:-one GPU})"
+    log "background: build pair (GPU 0), profile, A/B (lanes: ${LANES:-one GPU}), TP=2"
     background big "set -eo pipefail
       export FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF
       CUDA_VISIBLE_DEVICES=0 python3 scripts/build_models.py pair $MODELS --preset cost-faithful \
         --distill-steps ${DISTILL_STEPS:-500} 2>&1 | tail -20
       cp $MODELS/pair.json $RES/
+      while [[ ! -f $RES/tests.done ]]; do sleep 2; done  # GPU 0 to itself before timing
       CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
         --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64 --long-batch-sizes '' \
         --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20
       while [[ -f $RES/soak.started && ! -f $RES/soak.done ]]; do sleep 2; done  # GPU 1 free before timing
       python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab \
-        $LANES --contenders ${CONTENDERS:-no-spec faser-ad standalone-k2 faser standalone-k5} \
+        $LANES --contenders ${CONTENDERS:-no-spec faser-ad standalone-k1 standalone-k3 standalone-k5 faser} \
         --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
         --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
         --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20'
+      touch $RES/ab.done
+      if (( NUM_GPUS >= 2 )); then
+        OUT=$RES/tests-tp2 bash scripts/gpu/run_gpu_tests.sh -k tp2 | tail -15 || true
+        python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab-tp2 \
+          --contenders no-spec faser standalone-k3 --workload humaneval --max-new-tokens 256 --k-max 7 \
+          --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION_TP2:-40} --burst-min 5 --burst-max 20 \
+          --server-args $BIG_FLAGS --tp 2 2>&1 | grep -v '^\[20'
+      fi
       touch $RES/big.done" ;;
   soak)  # the soak alone, in the foreground (8 min; on a one-GPU machine)
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
@@ -85,8 +99,13 @@ case ${1:?call: 1|2|3|4} in
       --duration 480 --rate 8 --peak-to-valley 10 --abort-fraction 0.1 --k-max 5 --server-args $TINY_FLAGS \
       2>&1 | grep -v '^\[20' | tail -20 ;;
   4)
-    # Wait for the A/B, at most $WAIT seconds (the call's limit is 600).
-    for _ in $(seq 1 $((${WAIT:-540} / 5))); do [[ -f $RES/big.done ]] && break; sleep 5; done
-    tail -30 "$RES/big.log"; tail -3 "$RES/soak.log"
-    [[ -f $RES/big.done ]] || log "A/B still running (collecting what exists)" ;;
+    # Wait for "big", at most $WAIT seconds (the call's limit is 600), collecting every
+    # minute so a call cut short by the device budget still returns what was measured.
+    for i in $(seq 1 $((${WAIT:-540} / 5))); do
+      [[ -f $RES/big.done ]] && break
+      (( i % 12 == 0 )) && collect >/dev/null
+      sleep 5
+    done
+    tail -30 "$RES/big.log"; tail -3 "$RES/soak.log"; tail -5 "$RES/tests.log"
+    [[ -f $RES/big.done ]] || log "still running (collecting what exists)" ;;
 esac

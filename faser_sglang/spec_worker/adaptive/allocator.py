@@ -12,7 +12,7 @@ load, when a verify token costs a compute-bound GEMM row, that is most requests.
 
 Algorithm (greedy marginal gain). Draft positions are *items*: item (i, j) takes
 request i from k_i = j to j + 1, gains g[i, j] tokens and costs
-- its own draft work c[i, j]: the catch-up EXTEND tokens for j = 0, a DECODE row for
+- its own draft work c[i, j]: the catch-up tokens for j = 0, a DECODE row for
   j > 0, plus reading the request's context in that forward;
 - one more verify token, whose price v_n (the n-th extra token) depends only on
   how many items were taken, since every item adds exactly one verify token;
@@ -71,7 +71,7 @@ class Allocation:
 def allocate(
     gains: np.ndarray,  # [bs, K_max] g[i, j], non-increasing along j
     seq_lens: np.ndarray,  # [bs] committed tokens per request
-    catchup: np.ndarray,  # [bs] tokens the catch-up EXTEND feeds a request if it drafts
+    catchup: np.ndarray,  # [bs] tokens the catch-up forward feeds a request if it drafts
     cost: CostModel,
 ) -> Allocation:
     """Draft lengths maximising expected tokens per second (see the module docstring)."""

@@ -4,10 +4,10 @@ A step is a draft phase then a verify phase (see ``spec_worker.draft`` / ``verif
 
     T(k) = draft_time(k) + verify_time(k)
 
-    draft_time  = [m > 0] * extend_forward          one catch-up EXTEND (m = max_i k_i)
+    draft_time  = [m > 0] * extend_forward          one catch-up forward (m = max_i k_i)
                 + max(m - 1, 0) * decode_forward    DECODE forwards 2..m
                 + sum_i max(k_i - 1, 0) * row_step  requests in those DECODE forwards
-                + sum_{k_i > 0} c_i * catchup_token tokens the EXTEND feeds (c_i per request)
+                + sum_{k_i > 0} c_i * catchup_token tokens the catch-up feeds (c_i per request)
                 + sum_i k_i L_i * context_row_step  draft KV read: L_i context per forward
 
     verify_time = fixed + bs * row + N * token + C * context_token
@@ -133,7 +133,7 @@ class StepSample:
 
     draft_lens: tuple[int, ...]  # [bs]
     seq_lens: tuple[int, ...]  # [bs] committed lengths at the step's start
-    catchup: tuple[int, ...]  # [bs] tokens the catch-up EXTEND feeds each request if it drafts
+    catchup: tuple[int, ...]  # [bs] tokens the catch-up forward feeds each request if it drafts
     seconds: float  # whole step
     draft_seconds: Optional[float] = None  # draft phase alone, when the trace has it
 

@@ -1,0 +1,146 @@
+"""One forward over a chunk of new tokens per request, two ways.
+
+Both FASER's verify (k_i + 1 tokens per request) and the draft's catch-up (the
+committed tokens its KV is missing, then the bonus token) feed each request a run of
+consecutive tokens after its cached prefix and need the model's logits for them.
+
+- EXTEND: one SGLang EXTEND forward with per-request extend lengths. Right for long
+  chunks, but SGLang runs it eagerly: on a 7B-class target on an H200 that is a
+  ~22 ms floor per step, launch-bound.
+- decode rows: every chunk token becomes its own DECODE row (same request-pool row,
+  sequence length = its position + 1). Each attention backend stores all rows' keys
+  and values before it attends, so a row sees the chunk tokens before it exactly as
+  under a causal EXTEND. The forward is an ordinary decode batch of N rows, so it
+  replays SGLang's decode CUDA graphs whenever N fits the captured batch sizes, and
+  the logits of every row come back without a hidden-state pass. The price is that
+  each row reads its request's prefix again, which only matters for long chunks on
+  long contexts.
+
+A decode forward holds at most ``--max-running-requests`` rows (SGLang sizes its decode
+buffers so), so a larger N always runs as EXTEND. Within that, ``auto`` takes decode
+rows when the model has decode CUDA graphs that fit N rows and EXTEND otherwise;
+``decode_rows`` takes them whenever they fit the buffers (for tests without graphs).
+
+Worked example, rows [0, 2] with starts [10, 4] and lens [2, 1] (tokens t0 t1 | u0):
+    decode rows: req_pool_index [r0, r0, r2], seq_lens [11, 12, 5], positions [10, 11, 4]
+    EXTEND:      prefix_lens [10, 4], extend_lens [2, 1]
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+from sglang.srt.layers.logits_processor import LogitsMetadata
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+from faser_sglang.config import CHUNK_FORWARDS
+from faser_sglang.spec_worker.batch_views import (
+    RowSelection,
+    decode_forward_batch,
+    extend_forward_batch,
+    kv_slots,
+)
+
+
+class ChunkForward:
+    def __init__(self, runner, req_to_token_pool, mode: str):
+        if mode not in CHUNK_FORWARDS:
+            raise ValueError(f"chunk forward must be one of {CHUNK_FORWARDS}, got {mode!r}")
+        self.runner = runner
+        self.req_to_token_pool = req_to_token_pool
+        self.mode = mode
+
+    def graph_rows(self) -> int:
+        """Largest decode batch this model replays from a CUDA graph (0: none)."""
+        graphs = getattr(self.runner, "decode_cuda_graph_runner", None)
+        return min(int(getattr(graphs, "max_bs", 0) or 0), self.runner.max_running_requests)
+
+    def uses_decode_rows(self, num_tokens: int) -> bool:
+        if self.mode == "auto":
+            return num_tokens <= self.graph_rows()
+        return self.mode == "decode_rows" and num_tokens <= self.runner.max_running_requests
+
+    def forward_name(self, num_tokens: int) -> str:
+        return "decode_rows" if self.uses_decode_rows(num_tokens) else "extend"
+
+    def logits(
+        self,
+        batch: ScheduleBatch,
+        rows: Sequence[int],  # [n] rows of the running batch, ascending
+        starts: Sequence[int],  # [n] first new position per row (= its cached length)
+        lens: Sequence[int],  # [n] new tokens per row, >= 1
+        input_ids: torch.Tensor,  # [sum(lens)] int64, rows concatenated
+        *,
+        last_only: bool,
+    ) -> torch.Tensor:
+        """Logits of the fed tokens: [sum(lens), V], or [n, V] for each row's last token."""
+        total = sum(lens)
+        device = batch.seq_lens.device
+        sel: Optional[RowSelection] = None if len(rows) == len(batch.reqs) else RowSelection.of(rows, device)
+        pool_rows = batch.req_pool_indices if sel is None else batch.req_pool_indices[sel.rows]
+        out_cache_loc = kv_slots(
+            self.req_to_token_pool.req_to_token,
+            pool_rows,
+            torch.tensor(list(starts), dtype=torch.int64, device=device),
+            torch.tensor(list(lens), dtype=torch.int64, device=device),
+            total=total,
+        )
+        if self.uses_decode_rows(total):
+            logits = self._decode_rows(batch, rows, starts, lens, input_ids, out_cache_loc)
+            if not last_only:
+                return logits
+            last = torch.tensor(_last_token_index(lens), dtype=torch.int64, device=device)
+            return logits[last]
+        return self._extend(batch, sel, starts, lens, input_ids, out_cache_loc, last_only)
+
+    def _decode_rows(self, batch, rows, starts, lens, input_ids, out_cache_loc) -> torch.Tensor:
+        token_rows: list[int] = []
+        seq_lens: list[int] = []
+        for row, start, n in zip(rows, starts, lens):
+            token_rows.extend([row] * n)
+            seq_lens.extend(range(start + 1, start + n + 1))
+        fb = decode_forward_batch(
+            batch,
+            self.runner,
+            sel=RowSelection.of(token_rows, batch.seq_lens.device),
+            input_ids=input_ids,
+            seq_lens_cpu=seq_lens,
+            out_cache_loc=out_cache_loc,
+        )
+        return self.runner.forward(fb).logits_output.next_token_logits
+
+    def _extend(self, batch, sel, starts, lens, input_ids, out_cache_loc, last_only: bool) -> torch.Tensor:
+        fb = extend_forward_batch(
+            batch,
+            self.runner,
+            sel=sel,
+            input_ids=input_ids,
+            prefix_lens=starts,
+            extend_lens=lens,
+            out_cache_loc=out_cache_loc,
+            capture_hidden_mode=CaptureHiddenMode.NULL if last_only else CaptureHiddenMode.FULL,
+        )
+        out = self.runner.forward(fb).logits_output
+        if last_only:
+            return out.next_token_logits
+        # An EXTEND forward returns logits of each row's last token only; the full
+        # hidden states (captured above) give the rest through the model's own
+        # logits head (vocab-parallel gather, soft-capping and vocab trim included).
+        model = self.runner.model
+        return model.logits_processor._get_logits(
+            out.hidden_states,
+            model.lm_head,
+            LogitsMetadata.from_forward_batch(fb),
+            use_logits_buffer=False,
+        )
+
+
+def _last_token_index(lens: Sequence[int]) -> list[int]:
+    """Flat index of each row's last token: lens [2, 1, 3] -> [1, 2, 5]."""
+    out, end = [], 0
+    for n in lens:
+        end += n
+        out.append(end - 1)
+    return out

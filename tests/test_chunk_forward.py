@@ -1,0 +1,78 @@
+"""Which forward feeds a chunk, and the index maps it uses (the forwards themselves
+run end to end in test_e2e_faser.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from faser_sglang.config import FaserConfig
+from faser_sglang.spec_worker.chunk_forward import ChunkForward, _last_token_index
+from faser_sglang.spec_worker.worker import fit_token_budget
+
+
+def runner_with_graphs(max_bs: int | None, max_running_requests: int = 256) -> SimpleNamespace:
+    graphs = None if max_bs is None else SimpleNamespace(max_bs=max_bs)
+    return SimpleNamespace(decode_cuda_graph_runner=graphs, max_running_requests=max_running_requests)
+
+
+def test_auto_takes_decode_rows_only_when_the_graphs_fit():
+    chunks = ChunkForward(runner_with_graphs(64), req_to_token_pool=None, mode="auto")
+    assert chunks.uses_decode_rows(1)
+    assert chunks.uses_decode_rows(64)
+    assert not chunks.uses_decode_rows(65)
+
+
+def test_auto_without_graphs_extends():
+    chunks = ChunkForward(runner_with_graphs(None), req_to_token_pool=None, mode="auto")
+    assert chunks.graph_rows() == 0
+    assert not chunks.uses_decode_rows(1)
+
+
+@pytest.mark.parametrize("mode, rows", [("decode_rows", True), ("extend", False)])
+def test_forced_modes_ignore_graphs(mode, rows):
+    chunks = ChunkForward(runner_with_graphs(8), req_to_token_pool=None, mode=mode)
+    assert chunks.uses_decode_rows(200) is rows
+    assert chunks.uses_decode_rows(1) is rows
+
+
+def test_decode_rows_never_exceed_the_decode_buffers():
+    """SGLang's decode buffers hold --max-running-requests rows; more runs as EXTEND."""
+    chunks = ChunkForward(runner_with_graphs(None, max_running_requests=16), None, mode="decode_rows")
+    assert chunks.uses_decode_rows(16)
+    assert not chunks.uses_decode_rows(17)
+    auto = ChunkForward(runner_with_graphs(64, max_running_requests=16), None, mode="auto")
+    assert auto.graph_rows() == 16
+    assert not auto.uses_decode_rows(17)
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="chunk forward"):
+        ChunkForward(runner_with_graphs(8), req_to_token_pool=None, mode="graphs")
+    with pytest.raises(ValueError, match="chunk_forward"):
+        FaserConfig(chunk_forward="graphs")
+
+
+def test_last_token_index():
+    assert _last_token_index([2, 1, 3]) == [1, 2, 5]
+    assert _last_token_index([1]) == [0]
+
+
+@pytest.mark.parametrize(
+    "lengths, budget, fitted",
+    [
+        ([5, 1, 3, 0], 10, [3, 1, 2, 0]),  # the docstring's example
+        ([5, 1, 3, 0], 13, [5, 1, 3, 0]),  # fits: unchanged
+        ([5, 1, 3, 0], None, [5, 1, 3, 0]),  # no graphs: unchanged
+        ([7, 7, 7, 7], 10, [2, 2, 1, 1]),
+        ([7, 7, 7, 7], 4, [0, 0, 0, 0]),  # room for no drafts
+        ([7, 7, 7, 7], 3, [7, 7, 7, 7]),  # batch beyond the graphs: eager anyway
+    ],
+)
+def test_fit_token_budget(lengths, budget, fitted):
+    got = fit_token_budget(lengths, budget)
+    assert got == fitted
+    if budget is not None and len(lengths) <= budget:
+        assert sum(got) + len(got) <= budget
+        assert all(0 <= g <= k for g, k in zip(got, lengths))
