@@ -71,14 +71,7 @@ class FaserConfig:
         _check_range("min_token_value", self.min_token_value, 0.0, 1.0, high_open=True)
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"FASER config 'window' must be an integer >= 1, got {self.window!r}")
-        strength = self.prior_strength
-        if (
-            isinstance(strength, bool)
-            or not isinstance(strength, (int, float))
-            or not math.isfinite(strength)
-            or strength <= 0
-        ):
-            raise ValueError(f"FASER config 'prior_strength' must be a number > 0, got {strength!r}")
+        _check_range("prior_strength", self.prior_strength, 0.0, math.inf, low_open=True, high_open=True)
         _check_cost_model_path(self.cost_model_path)
         _check_trace_path(self.trace_path)
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):

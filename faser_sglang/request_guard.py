@@ -70,24 +70,26 @@ def _is_faser(manager: Any) -> bool:
     return str(getattr(manager.server_args, "speculative_algorithm", "")).upper() == ALGORITHM_NAME
 
 
-def guard_validate(original, manager, *args, **kwargs):
-    """AROUND hook on SGLang's input + max_new_tokens length check."""
-    if not _is_faser(manager):
-        return original(manager, *args, **kwargs)
+def _call_as_bad_request(original, manager, *args, **kwargs):
+    """Run SGLang's step; a TypeError from a wrongly typed parameter becomes a 400."""
     try:
         return original(manager, *args, **kwargs)
     except TypeError as e:
         raise ValueError(f"invalid request parameter: {e}") from e
+
+
+def guard_validate(original, manager, *args, **kwargs):
+    """AROUND hook on SGLang's input + max_new_tokens length check."""
+    if not _is_faser(manager):
+        return original(manager, *args, **kwargs)
+    return _call_as_bad_request(original, manager, *args, **kwargs)
 
 
 def guard_tokenize(original, manager, *args, **kwargs):
     """AROUND hook on SGLang's request-building step (see the module docstring)."""
     if not _is_faser(manager):
         return original(manager, *args, **kwargs)
-    try:
-        req = original(manager, *args, **kwargs)
-    except TypeError as e:
-        raise ValueError(f"invalid request parameter: {e}") from e
+    req = _call_as_bad_request(original, manager, *args, **kwargs)
     error = request_error(req, manager.model_config.vocab_size)
     if error is not None:
         raise ValueError(error)

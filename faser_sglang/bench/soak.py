@@ -8,8 +8,9 @@ Every request draws its own sampling parameters (half greedy; the rest temperatu
 top_p, top_k, some with n=2), output length and stop conditions. About
 ``--abort-fraction`` of them are abandoned mid-generation: half by closing the
 streaming connection after a few chunks (SGLang aborts on disconnect), half by
-``/abort_request`` with the request's rid. The server's process and load are watched
-throughout. At the end the load must drain and every KV slot come back (target and
+``/abort_request`` with the request's rid. A few of the trace's requests warm the
+server up before the clock starts (first-use kernel compilation is not a latency the
+soak is after). The server's process and load are watched throughout. At the end the load must drain and every KV slot come back (target and
 draft share one allocator, so ``/v1/loads`` sees a slot leaked by either).
 
 Outputs in ``--out``: soak.json (every request, per-minute percentiles, the verdict),
@@ -28,7 +29,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
@@ -100,6 +101,23 @@ def plan_requests(trace: traces.Trace, pool: Sequence[workloads.Request], abort_
             abort = "disconnect"  # an n > 1 request has one rid per sample; disconnect aborts them all
         plans.append(Plan(i, arrival, rid, payload, abort, rng.randint(1, 6)))
     return plans
+
+
+def warm_up(base_url: str, plans: Sequence[Plan], count: int = 8) -> None:
+    """Serve a few of the trace's requests (no aborts, fresh rids) before the clock
+    starts, so kernel compilation and first-use allocations on a fresh server do not
+    show up as the first minute's latency. Failures here count like any other."""
+    warm = []
+    for plan in plans[:count]:
+        payload = dict(plan.payload)
+        if "rid" in payload:
+            payload["rid"] = uuid.uuid4().hex
+        warm.append(replace(plan, arrival=0.0, rid=payload.get("rid", ""), payload=payload, abort=None))
+    with ThreadPoolExecutor(max_workers=max(1, len(warm))) as pool_ex:
+        outcomes = list(pool_ex.map(lambda plan: run_one(base_url, plan, time.monotonic()), warm))
+    failed = [o for o in outcomes if o.status != "ok"]
+    if failed:
+        raise RuntimeError(f"soak warm-up: {len(failed)} of {len(warm)} requests failed, e.g. {failed[0].error}")
 
 
 def run_one(base_url: str, plan: Plan, start: float) -> Outcome:
@@ -234,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plans = plan_requests(trace, pool, args.abort_fraction, args.seed)
     contender = servers.faser(args.draft, args.k_max, args.faser_config)
     with servers.launch(args.target, (*args.server_args, *contender.args), env=contender.env, timeout=1200) as server:
+        warm_up(server.base_url, plans)
         start_load = wait_until_drained(server.base_url)
         seen: dict[str, Any] = {"crashed": False, "peak_running": 0, "peak_waiting": 0}
         stop = threading.Event()

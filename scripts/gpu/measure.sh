@@ -84,7 +84,7 @@ case ${1:?call: 1|2|3|4} in
         --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
         --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20'
       touch $RES/ab.done
-      if (( NUM_GPUS >= 2 )); then
+      if (( $NUM_GPUS >= 2 )); then
         OUT=$RES/tests-tp2 bash scripts/gpu/run_gpu_tests.sh -k tp2 | tail -15 || true
         python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab-tp2 \
           --contenders no-spec faser standalone-k3 --workload humaneval --max-new-tokens 256 --k-max 7 \
