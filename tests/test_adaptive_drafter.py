@@ -85,9 +85,9 @@ def constant_gains(alphas, k_max: int) -> np.ndarray:
     return np.cumprod(np.repeat(np.asarray(alphas, float)[:, None], k_max, axis=1), axis=1)
 
 
-def run_allocate(gains, model, seq_len=500, catchup=1):
+def run_allocate(gains, model, seq_len=500, catchup=1, max_drafts=None):
     bs = gains.shape[0]
-    return allocate(gains, np.full(bs, seq_len), np.full(bs, catchup), model)
+    return allocate(gains, np.full(bs, seq_len), np.full(bs, catchup), model, max_drafts=max_drafts)
 
 
 # --- acceptance windows ----------------------------------------------------------
@@ -284,6 +284,32 @@ def test_no_speculation_when_it_cannot_pay():
     assert run_allocate(hopeless, cost()).draft_lens == (0,) * 8
 
 
+def test_respects_the_verify_token_cap():
+    """max_drafts (room the CUDA graphs leave) caps sum k_i; within it the allocator
+    still picks the best point, checked against brute force."""
+    cheap = cost(verify_fixed=20e-3, verify_token=1e-6, forward=0.5e-3)
+    capped = run_allocate(constant_gains([0.9] * 4, 8), cheap, max_drafts=6)
+    assert sum(capped.draft_lens) == 6 and max(capped.draft_lens) - min(capped.draft_lens) <= 1
+    assert run_allocate(constant_gains([0.9] * 4, 8), cheap, max_drafts=0).draft_lens == (0,) * 4
+    rng = np.random.default_rng(1)
+    ratios = []
+    for _ in range(100):
+        model = cost(verify_fixed=rng.uniform(5e-3, 3e-2), verify_token=rng.uniform(0, 5e-5),
+                     forward=rng.uniform(1e-3, 4e-3))  # fmt: skip
+        bs, k_max, room = 3, 3, int(rng.integers(1, 6))
+        gains = np.cumprod(rng.uniform(0.2, 1.0, (bs, k_max)), axis=1)
+        seq, catchup = rng.integers(50, 4000, bs), rng.integers(1, 3, bs)
+        a = allocate(gains, seq, catchup, model, max_drafts=room)
+        assert sum(a.draft_lens) <= room
+        best = max(
+            (bs + sum(gains[i, :k].sum() for i, k in enumerate(ks))) / model.step_time(ks, seq, catchup)
+            for ks in itertools.product(range(k_max + 1), repeat=bs)
+            if sum(ks) <= room
+        )
+        ratios.append(a.tokens_per_second / best)
+    assert min(ratios) > 0.95 and np.mean(ratios) > 0.99
+
+
 def test_docstring_example():
     model = cost(verify_fixed=10e-3, knot=2, slope=2e-3, forward=1e-3)
     a = allocate(np.array([[0.9, 0.81], [0.3, 0.09]]), np.zeros(2), np.ones(2), model)
@@ -430,6 +456,9 @@ def test_deployment_from_runners_with_fake_sglang_objects():
 def test_step_context():
     ctx = StepContext((10, 7), (9, 7))
     assert ctx.catchup_tokens() == (2, 1)
+    assert ctx.max_drafts() is None
+    assert StepContext((10, 7), (9, 7), max_verify_tokens=5).max_drafts() == 3
+    assert StepContext((10, 7), (9, 7), max_verify_tokens=1).max_drafts() is None  # eager anyway
     with pytest.raises(ValueError):
         StepContext((1, 2), (1,))
     # Policies that do not price lengths accept and ignore the context.

@@ -32,12 +32,22 @@ class StepContext:
 
     seq_lens: tuple[int, ...]  # [bs] committed tokens per request (KV the verify reads)
     draft_kv_lens: tuple[int, ...]  # [bs] tokens already in the draft model's KV
+    # Verify tokens (sum of k_i + 1) the step's CUDA graphs hold; None: no such cap.
+    max_verify_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         if len(self.seq_lens) != len(self.draft_kv_lens):
             raise ValueError(
                 f"StepContext: {len(self.seq_lens)} seq_lens but {len(self.draft_kv_lens)} draft_kv_lens"
             )
+
+    def max_drafts(self) -> Optional[int]:
+        """Drafts (sum of k_i) that keep the verify within ``max_verify_tokens``; None
+        when there is no cap or the batch alone exceeds it (it verifies eagerly then)."""
+        bs = len(self.seq_lens)
+        if self.max_verify_tokens is None or bs > self.max_verify_tokens:
+            return None
+        return self.max_verify_tokens - bs
 
     def catchup_tokens(self) -> tuple[int, ...]:
         """[bs] tokens the draft's catch-up forward feeds a request if it drafts."""

@@ -128,9 +128,10 @@ class FaserWorker(BaseSpecWorker):
         state: FaserDraftState = batch.spec_info
         rids = [req.rid for req in batch.reqs]
         seq_lens = batch.seq_lens_cpu.tolist()
-        context = StepContext(tuple(seq_lens), tuple(state.draft_kv_lens))
+        budget = self._verify_budget()
+        context = StepContext(tuple(seq_lens), tuple(state.draft_kv_lens), budget)
         lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs)
-        lengths = self.agreement.lengths(fit_token_budget(lengths, self._verify_budget()))
+        lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
         sampling = SamplingRows.from_sampling_info(batch.sampling_info)
         clock.mark("policy")
@@ -203,7 +204,9 @@ def fit_token_budget(lengths: list[int], budget: Optional[int]) -> list[int]:
     """Shorten the longest drafts until the step verifies at most ``budget`` tokens
     (sum of k_i + 1), so the verify replays from CUDA graphs instead of falling back to
     an eager forward that costs more than the cut drafts could bring. A batch larger
-    than the budget verifies eagerly whatever the lengths, and is left alone.
+    than the budget verifies eagerly whatever the lengths, and is left alone. The
+    adaptive policy prices the budget itself (``StepContext.max_verify_tokens``); for
+    the others this is where their lengths meet it.
 
     lengths [5, 1, 3, 0], budget 10 (room for 6 drafts): cap 2 -> [2, 1, 2, 0], and the
     one spare draft goes back to the first row that was cut -> [3, 1, 2, 0].

@@ -28,7 +28,8 @@ item count, forward cost from the deepest item so far), and the best point is ke
 instead of stopping at the first item that does not pay: a new draft forward is
 shared by every request that uses it, and only the group pays for it. The walk is
 repeated for each depth cap 1..K_max (items deeper than the cap left out), so deep
-items of one excellent request cannot force a forward the others do not need. All
+items of one excellent request cannot force a forward the others do not need. A cap on
+the total drafts (the verify tokens the CUDA graphs hold) ends every walk early. All
 of it is a sort of bs * K_max items and a few vectorised passes over [K_max, bs *
 K_max] arrays: ~0.1-0.5 ms for bs <= 256, K_max = 8 (tests print the timings).
 
@@ -49,6 +50,7 @@ cost; request A with alpha = 0.9 (g = [0.9, 0.81]), B with alpha = 0.3
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -73,14 +75,19 @@ def allocate(
     seq_lens: np.ndarray,  # [bs] committed tokens per request
     catchup: np.ndarray,  # [bs] tokens the catch-up forward feeds a request if it drafts
     cost: CostModel,
+    max_drafts: Optional[int] = None,  # at most this many drafts in all (None: no cap)
 ) -> Allocation:
-    """Draft lengths maximising expected tokens per second (see the module docstring)."""
+    """Draft lengths maximising expected tokens per second (see the module docstring).
+
+    ``max_drafts`` caps sum_i k_i (the verify tokens CUDA graphs hold, minus one per
+    request): each walk stops after that many items, so the best capped point is found
+    the same way as the best uncapped one."""
     bs, k_max = gains.shape
     seq_lens = np.asarray(seq_lens, np.float64)
     d = cost.draft
     verify = cost.verify.time(bs, bs + np.arange(bs * k_max + 1), float(seq_lens.sum()))  # [M+1]
     no_draft = Allocation((0,) * bs, float(bs), float(verify[0]))
-    if bs == 0 or k_max == 0:
+    if bs == 0 or k_max == 0 or max_drafts == 0:
         return no_draft
 
     own = np.empty((bs, k_max))  # [bs, K] item's own draft cost c[i, j]
@@ -104,7 +111,7 @@ def allocate(
 
     best = no_draft
     for cap in range(1, k_max + 1):
-        offered = level < cap  # [M] items this walk may take, in the global order
+        offered = np.flatnonzero(level < cap)[:max_drafts]  # [n] items this walk may take, in order
         walk_level = level[offered]  # [n]
         tokens = bs + np.cumsum(item_gain[offered])  # [n] R's numerator after each item
         seconds = (

@@ -126,6 +126,7 @@ class AdaptiveDrafterPolicy:
             np.asarray(context.seq_lens),
             np.asarray(context.catchup_tokens()),
             self.cost_model,
+            max_drafts=context.max_drafts(),
         )
         return list(allocation.draft_lens)
 
