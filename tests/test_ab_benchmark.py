@@ -1,5 +1,6 @@
 """The A/B benchmark end to end on CPU with tiny models: a short bursty trace,
-no-spec vs STANDALONE vs FASER, report files and the greedy-equality check."""
+no-spec (and its control rerun) vs STANDALONE vs FASER, report files and the
+greedy-equality check."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def test_ab_quick_run_writes_report(tiny_models, tmp_path, monkeypatch):
             "--draft", str(tiny_models.draft),
             "--out", str(out),
             "--k-max", "4",
-            "--contenders", "no-spec", "standalone-k3", "adaptive", "faser",
+            "--contenders", "no-spec", "no-spec-control", "standalone-k3", "adaptive", "faser",
             "--rate", "1.5", "--peak-to-valley", "6", "--duration", "12",
             "--burst-min", "2", "--burst-max", "4",
             "--max-new-tokens", "24",
@@ -36,10 +37,11 @@ def test_ab_quick_run_writes_report(tiny_models, tmp_path, monkeypatch):
         assert (out / name).stat().st_size > 0, name
     run = json.loads((out / "run.json").read_text())
     # Greedy speculation is lossless: CPU float32 runs must match exactly.
-    assert run["greedy_mismatches_vs_no_spec"] == {"standalone-k3": 0, "faser": 0}
+    assert run["greedy_mismatches_vs_no_spec"] == {"no-spec-control": 0, "standalone-k3": 0, "faser": 0}
     assert "adaptive" in run["not_run"]
     table = (out / "table.md").read_text()
-    assert "| faser |" in table and "best STANDALONE (standalone-k3)" in table
+    assert "| faser |" in table and "| no-spec-control |" in table
+    assert "best STANDALONE (standalone-k3)" in table
     report = json.loads((out / "report.json").read_text())
     faser = next(s for s in report["summaries"] if s["contender"] == "faser")
     assert faser["accept_length"] is not None and faser["accept_length"] >= 1.0

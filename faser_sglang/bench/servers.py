@@ -35,6 +35,12 @@ class Contender:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+# No-spec served a second time: under a dynamic trace the batches differ between runs
+# and bf16 GPU decoding is not batch-invariant, so greedy outputs can differ from
+# no-spec's without any speculation; this contender measures how often.
+CONTROL = "no-spec-control"
+
+
 def no_spec() -> Contender:
     return Contender("no-spec")
 
@@ -72,10 +78,13 @@ def faser(draft: str, k_max: int, config_path: str | None = None, name: str = "f
 def contender(
     name: str, draft: str, k_max: int, faser_config: str | None = None, faser_ad_config: str | None = None
 ) -> Contender:
-    """A contender by its benchmark name: no-spec, standalone-k<K>, ngram, faser or
-    faser-ad (FASER with the adaptive policy's config)."""
+    """A contender by its benchmark name: no-spec, no-spec-control (no-spec served
+    again, for the run-to-run noise floor), standalone-k<K>, ngram, faser or faser-ad
+    (FASER with the adaptive policy's config)."""
     if name == "no-spec":
         return no_spec()
+    if name == CONTROL:
+        return Contender(CONTROL)
     if name.startswith("standalone-k"):
         return standalone(draft, int(name.removeprefix("standalone-k")))
     if name == "ngram":

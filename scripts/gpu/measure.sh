@@ -79,7 +79,7 @@ case ${1:?call: 1|2|3|4} in
         --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20
       while [[ -f $RES/soak.started && ! -f $RES/soak.done ]]; do sleep 2; done  # GPU 1 free before timing
       python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab \
-        $LANES --contenders ${CONTENDERS:-no-spec faser-ad standalone-k1 standalone-k3 standalone-k5 faser} \
+        $LANES --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad standalone-k1 standalone-k3 standalone-k5 faser} \
         --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
         --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
         --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20'
