@@ -10,8 +10,9 @@ top_p, top_k, some with n=2), output length and stop conditions. About
 streaming connection after a few chunks (SGLang aborts on disconnect), half by
 ``/abort_request`` with the request's rid. A few of the trace's requests warm the
 server up before the clock starts (first-use kernel compilation is not a latency the
-soak is after). The server's process and load are watched throughout. At the end the load must drain and every KV slot come back (target and
-draft share one allocator, so ``/v1/loads`` sees a slot leaked by either).
+soak is after). The server's process and load are watched throughout. At the end the
+load must drain and every KV slot come back (target and draft share one allocator, so
+``/v1/loads`` sees a slot leaked by either).
 
 Outputs in ``--out``: soak.json (every request, per-minute percentiles, the verdict),
 soak.md (the per-minute table) and soak.png (latency percentiles and throughput per

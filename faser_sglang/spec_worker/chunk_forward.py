@@ -62,6 +62,13 @@ class ChunkForward:
             return num_tokens <= self.graph_rows()
         return self.mode == "decode_rows" and num_tokens <= self.runner.max_running_requests
 
+    def token_budget(self) -> Optional[int]:
+        """Tokens per forward that replay from CUDA graphs when FASER picks the forward
+        itself (``auto``); None: any count runs the same way."""
+        if self.mode != "auto":
+            return None
+        return self.graph_rows() or None
+
     def forward_name(self, num_tokens: int) -> str:
         return "decode_rows" if self.uses_decode_rows(num_tokens) else "extend"
 

@@ -2,9 +2,9 @@
 
 Only requests with k_i > 0 run. One catch-up forward (chunk_forward.py: EXTEND or
 decode rows) feeds each such request the committed tokens its draft KV is missing
-plus its bonus token; its last logits give draft 1. Then DECODE forwards add one draft per step, each over only the
-requests that still want more, so the draft runs max(k_i) forwards and no request
-pays for a longer neighbour.
+plus its bonus token; its last logits give draft 1. Then DECODE forwards add one
+draft per step, each over only the requests that still want more, so the draft runs
+max(k_i) forwards and no request pays for a longer neighbour.
 
 Worked example, K_max = 3, seq_lens L = [10, 7], draft_kv_lens s = [9, 7], k = [3, 1]:
   catch-up: row 0 feeds positions 9..10 (committed token 9, bonus at 10),

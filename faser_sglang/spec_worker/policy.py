@@ -42,16 +42,21 @@ class StepContext:
             )
 
     def max_drafts(self) -> Optional[int]:
-        """Drafts (sum of k_i) that keep the verify within ``max_verify_tokens``; None
-        when there is no cap or the batch alone exceeds it (it verifies eagerly then)."""
-        bs = len(self.seq_lens)
-        if self.max_verify_tokens is None or bs > self.max_verify_tokens:
-            return None
-        return self.max_verify_tokens - bs
+        """Drafts (sum of k_i) that keep the verify within ``max_verify_tokens``."""
+        return draft_room(len(self.seq_lens), self.max_verify_tokens)
 
     def catchup_tokens(self) -> tuple[int, ...]:
         """[bs] tokens the draft's catch-up forward feeds a request if it drafts."""
         return tuple(n - d + 1 for n, d in zip(self.seq_lens, self.draft_kv_lens))
+
+
+def draft_room(batch_size: int, max_verify_tokens: Optional[int]) -> Optional[int]:
+    """Drafts (sum of k_i) a step may take so its verify tokens (sum of k_i + 1) stay
+    within ``max_verify_tokens``; None when there is no cap or the batch alone exceeds
+    it (that step verifies eagerly whatever the lengths)."""
+    if max_verify_tokens is None or batch_size > max_verify_tokens:
+        return None
+    return max_verify_tokens - batch_size
 
 
 class LengthPolicy(Protocol):

@@ -38,7 +38,7 @@ from faser_sglang.spec_worker.adaptive import deployment_from_runners
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft import DraftPhase
 from faser_sglang.spec_worker.draft_model import DraftModel
-from faser_sglang.spec_worker.policy import StepContext, make_policy
+from faser_sglang.spec_worker.policy import StepContext, draft_room, make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.tp_sync import RankAgreement, shared_seed
@@ -83,14 +83,6 @@ class FaserWorker(BaseSpecWorker):
         self.draft_phase = DraftPhase(ChunkForward(self.draft_runner, req_to_token_pool, mode), self.k_max, vocab)
         self.verify_phase = VerifyPhase(ChunkForward(self._target_worker.model_runner, req_to_token_pool, mode))
 
-    def _verify_budget(self) -> Optional[int]:
-        """Verify tokens per step that replay from CUDA graphs (chunk_forward.py), when
-        FASER picks the forward itself; None: any count runs the same way."""
-        chunks = self.verify_phase.chunks
-        if chunks.mode != "auto" or chunks.graph_rows() == 0:
-            return None
-        return chunks.graph_rows()
-
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.policy.forget(rid)
 
@@ -128,7 +120,7 @@ class FaserWorker(BaseSpecWorker):
         state: FaserDraftState = batch.spec_info
         rids = [req.rid for req in batch.reqs]
         seq_lens = batch.seq_lens_cpu.tolist()
-        budget = self._verify_budget()
+        budget = self.verify_phase.chunks.token_budget()
         context = StepContext(tuple(seq_lens), tuple(state.draft_kv_lens), budget)
         lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
@@ -211,9 +203,9 @@ def fit_token_budget(lengths: list[int], budget: Optional[int]) -> list[int]:
     lengths [5, 1, 3, 0], budget 10 (room for 6 drafts): cap 2 -> [2, 1, 2, 0], and the
     one spare draft goes back to the first row that was cut -> [3, 1, 2, 0].
     """
-    if budget is None or len(lengths) > budget or len(lengths) + sum(lengths) <= budget:
+    room = draft_room(len(lengths), budget)
+    if room is None or sum(lengths) <= room:
         return list(lengths)
-    room = budget - len(lengths)
     cap = max(lengths)
     while sum(min(k, cap) for k in lengths) > room:
         cap -= 1
