@@ -11,6 +11,7 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from faser_sglang.kit.tiny import build_identity_transition_model, build_tiny_llama
+from server_utils import CPU_SERVER_ENV
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,13 @@ def perturbed_copy(src: Path, dst: Path, noise: float, seed: int) -> Path:
     model.save_pretrained(str(dst))
     AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(dst))
     return dst
+
+
+@pytest.fixture
+def cpu_server_env(monkeypatch) -> None:
+    """The environment a CPU SGLang server needs, for tools that launch their own."""
+    for k, v in CPU_SERVER_ENV.items():
+        monkeypatch.setenv(k, v)
 
 
 def write_faser_config(path: Path, **fields) -> dict[str, str]:

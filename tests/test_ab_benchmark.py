@@ -10,14 +10,12 @@ import os
 import pytest
 
 from faser_sglang.bench import ab
-from server_utils import CPU_SERVER_ENV, CPU_SERVER_FLAGS
+from server_utils import CPU_SERVER_FLAGS
 
 pytestmark = pytest.mark.server
 
 
-def test_ab_quick_run_writes_report(tiny_models, tmp_path, monkeypatch):
-    for k, v in CPU_SERVER_ENV.items():
-        monkeypatch.setenv(k, v)
+def test_ab_quick_run_writes_report(tiny_models, tmp_path, cpu_server_env):
     out = tmp_path / "ab"
     rc = ab.main(
         [

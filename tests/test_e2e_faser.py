@@ -40,6 +40,18 @@ PROMPTS = [
 GREEDY = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
 
 
+def launch_faser(target, draft, env: dict[str, str], *extra_args: str):
+    """A FASER server on CPU with K_MAX; ``extra_args`` follow (later flags win)."""
+    return launch_server(
+        target,
+        "--speculative-algorithm", "FASER",
+        "--speculative-draft-model-path", str(draft),
+        "--speculative-num-steps", str(K_MAX),
+        *extra_args,
+        env=env,
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def nospec(tiny_models):
     with launch_server(tiny_models.target) as server:
@@ -54,13 +66,7 @@ def faser_trace(tmp_path_factory):
 @pytest.fixture(scope="module")
 def faser(tiny_models, faser_trace, tmp_path_factory):
     env = write_faser_config(tmp_path_factory.mktemp("cfg") / "faser.json", trace_path=str(faser_trace))
-    with launch_server(
-        tiny_models.target,
-        "--speculative-algorithm", "FASER",
-        "--speculative-draft-model-path", str(tiny_models.draft),
-        "--speculative-num-steps", str(K_MAX),
-        env=env,
-    ) as server:  # fmt: skip
+    with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
         yield server
 
 
@@ -150,13 +156,7 @@ def assert_second_token_follows_target(tiny_models, base_url: str) -> None:
 def test_identity_model_as_its_own_draft_accepts_every_token(tiny_models, tmp_path):
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", policy="fixed", trace_path=str(trace))
-    with launch_server(
-        tiny_models.identity,
-        "--speculative-algorithm", "FASER",
-        "--speculative-draft-model-path", str(tiny_models.identity),
-        "--speculative-num-steps", str(K_MAX),
-        env=env,
-    ) as server:  # fmt: skip
+    with launch_faser(tiny_models.identity, tiny_models.identity, env) as server:
         outs = generate(server.base_url, PROMPTS[:6], {"max_new_tokens": 21, "temperature": 0, "ignore_eos": True})
     assert all(len(o["output_ids"]) == 21 for o in outs)
     steps = read_trace(trace)
@@ -262,13 +262,7 @@ def test_greedy_equality_holds_for_every_length_policy(nospec, tiny_models, tmp_
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7)
     reference = ids(generate(nospec.base_url, PROMPTS, GREEDY))
-    with launch_server(
-        tiny_models.target,
-        "--speculative-algorithm", "FASER",
-        "--speculative-draft-model-path", str(tiny_models.draft),
-        "--speculative-num-steps", str(K_MAX),
-        env=env,
-    ) as server:  # fmt: skip
+    with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
         assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference
         log = server.log_tail(200_000)
     steps = read_trace(trace)
@@ -289,14 +283,7 @@ def test_decode_rows_verify_and_catch_up_are_lossless(nospec, tiny_models, tmp_p
         tmp_path / "faser.json", policy="random", chunk_forward="decode_rows", trace_path=str(trace), seed=3
     )
     reference = ids(generate(nospec.base_url, PROMPTS, GREEDY))
-    with launch_server(
-        tiny_models.target,
-        "--speculative-algorithm", "FASER",
-        "--speculative-draft-model-path", str(tiny_models.draft),
-        "--speculative-num-steps", str(K_MAX),
-        "--max-running-requests", "256",
-        env=env,
-    ) as server:  # fmt: skip
+    with launch_faser(tiny_models.target, tiny_models.draft, env, "--max-running-requests", "256") as server:
         assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference
         assert_second_token_follows_target(tiny_models, server.base_url)
     steps = read_trace(trace)

@@ -8,14 +8,12 @@ import json
 import pytest
 
 from faser_sglang.bench import soak
-from server_utils import CPU_SERVER_ENV, CPU_SERVER_FLAGS
+from server_utils import CPU_SERVER_FLAGS
 
 pytestmark = pytest.mark.server
 
 
-def test_short_soak_passes_and_writes_its_reports(tiny_models, tmp_path, monkeypatch):
-    for k, v in CPU_SERVER_ENV.items():
-        monkeypatch.setenv(k, v)
+def test_short_soak_passes_and_writes_its_reports(tiny_models, tmp_path, cpu_server_env):
     out = tmp_path / "soak"
     rc = soak.main(
         [
