@@ -4,6 +4,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 FASER_SITE=${FASER_SITE:-/tmp/faser-site}
 eval "$(bash scripts/gpu/install_bundle.sh "$FASER_SITE" | tail -1)"
+export PATH=$FASER_SITE/bin:$PATH  # console scripts of the bundle (py-spy)
 # This package goes next to the bundle so its sglang.srt.plugins entry point is found
 # by every SGLang process; no build isolation (no network there). Skipped when this
 # same source is installed: servers still running from an earlier call keep importing

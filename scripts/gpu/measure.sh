@@ -16,6 +16,8 @@
 #                                                            repeat while it runs
 #
 #   soak  (after call 1)                                     the soak alone (one-GPU machines)
+#   host  (any time)                                         per-step host cost of every contender on the
+#                                                            tiny pair (scripts/profile_host.py; GPU 0)
 # On one GPU the tests run in the background of call 1, the A/B contenders one after
 # another, and the soak and TP=2 runs are left out.
 #
@@ -35,6 +37,13 @@ background() {  # background NAME CMD...: survives the end of this call
   setsid nohup bash -c "$*" >"$RES/$name.log" 2>&1 </dev/null &
 }
 trap collect EXIT
+wait_for() {  # wait_for FILE: at most $WAIT s (a call's limit is 600), collecting every minute
+  for i in $(seq 1 $((${WAIT:-540} / 5))); do
+    [[ -f $RES/$1 ]] && return
+    (( i % 12 == 0 )) && collect >/dev/null
+    sleep 5
+  done
+}
 SERVER_FLAGS="--attention-backend flashinfer --dtype bfloat16 --cuda-graph-backend-prefill disabled"
 TINY_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 64 --mem-fraction-static 0.3 --max-total-tokens 200000"
 BIG_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 --max-total-tokens 400000 --mem-fraction-static 0.8"
@@ -92,6 +101,18 @@ case ${1:?call: 1|2|3|4} in
           --server-args $BIG_FLAGS --tp 2 2>&1 | grep -v '^\[20'
       fi
       touch $RES/big.done" ;;
+  host)  # per-step host cost of each contender, tiny pair, GPU 0 (scripts/profile_host.py), in
+         # the background; the call waits for it (at most WAIT s); call "host-wait" waits more
+    [[ -d $TINY/draft ]] || { python3 scripts/build_models.py tiny $TINY/target >/dev/null
+      python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null; }
+    background host "CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_host.py --target $TINY/target \
+      --draft $TINY/draft --out $RES/host --contenders ${CONTENDERS:-faser-k0 no-spec-sync no-spec faser standalone-k1} \
+      --concurrency 32 128 --max-new-tokens ${MAX_NEW_TOKENS:-1000} --server-args '$SERVER_FLAGS \
+      --cuda-graph-max-bs 128 --max-running-requests 128 --mem-fraction-static 0.3 --max-total-tokens 300000' \
+      2>&1 | grep -v '^\[20'; touch $RES/host.done"
+    wait_for host.done; tail -12 $RES/host.log ;;
+  host-wait)
+    wait_for host.done; tail -12 $RES/host.log ;;
   soak)  # the soak alone, in the foreground (8 min; on a one-GPU machine)
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
@@ -101,11 +122,7 @@ case ${1:?call: 1|2|3|4} in
   4)
     # Wait for "big", at most $WAIT seconds (the call's limit is 600), collecting every
     # minute so a call cut short by the device budget still returns what was measured.
-    for i in $(seq 1 $((${WAIT:-540} / 5))); do
-      [[ -f $RES/big.done ]] && break
-      (( i % 12 == 0 )) && collect >/dev/null
-      sleep 5
-    done
+    wait_for big.done
     tail -30 "$RES/big.log"; tail -3 "$RES/soak.log"; tail -5 "$RES/tests.log"
     [[ -f $RES/big.done ]] || log "still running (collecting what exists)" ;;
 esac
