@@ -55,15 +55,18 @@ def generate(
     prompts_or_input_ids: Sequence[str | Sequence[int]],
     sampling_params: Mapping[str, Any],
     timeout: float = 600.0,
+    extra: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """POST every prompt (text or token ids) to ``/generate`` concurrently, so the
-    server batches them; responses in input order."""
+    server batches them; responses in input order. ``extra``: more request fields
+    (e.g. return_logprob)."""
 
     def one(prompt: str | Sequence[int]) -> dict[str, Any]:
         payload: dict[str, Any] = (
             {"text": prompt} if isinstance(prompt, str) else {"input_ids": list(prompt)}
         )
         payload["sampling_params"] = dict(sampling_params)
+        payload.update(extra or {})
         response = requests.post(f"{base_url}/generate", json=payload, timeout=timeout)
         response.raise_for_status()
         return response.json()

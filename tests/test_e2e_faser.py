@@ -290,4 +290,28 @@ def test_decode_rows_verify_and_catch_up_are_lossless(nospec, tiny_models, tmp_p
     gaps = [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]
     assert max(gaps) >= 2, "no catch-up fed more than one committed token"
     assert any(len(set(s["draft_lens"])) > 1 for s in steps)
-    assert all(s["verify_forward"] == "decode_rows" for s in steps)
+    assert all(s["verify_forward"] == ("decode_rows" if any(s["draft_lens"]) else "plain_decode") for s in steps)
+    assert any(s["verify_forward"] == "decode_rows" for s in steps)
+
+
+def test_steps_without_drafts_are_plain_decode_steps(nospec, tiny_models, tmp_path):
+    """A policy that never drafts (ema with min_token_value 0.999 keeps every k_i at 0):
+    every step is a plain decode through SGLang's model worker and sampler. Greedy
+    output equals no speculation, sampled output follows the target, and a request
+    asking for logprobs still gets them (such a batch verifies through the general path)."""
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy="ema", min_token_value=0.999, trace_path=str(trace))
+    reference = ids(generate(nospec.base_url, PROMPTS, GREEDY))
+    with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
+        assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference
+        assert_second_token_follows_target(tiny_models, server.base_url)
+        plain_steps = len(read_trace(trace))
+        with_logprobs = generate(
+            server.base_url, PROMPTS[:2], {**GREEDY, "max_new_tokens": 8}, extra={"return_logprob": True}
+        )
+    assert ids(with_logprobs) == [r[:8] for r in reference[:2]]
+    assert all(len(o["meta_info"]["output_token_logprobs"]) == 8 for o in with_logprobs)
+    steps = read_trace(trace)
+    assert all(k == 0 for s in steps for k in s["draft_lens"])
+    assert {s["verify_forward"] for s in steps[:plain_steps]} == {"plain_decode"}
+    assert steps[plain_steps:] and all(s["verify_forward"] != "plain_decode" for s in steps[plain_steps:])

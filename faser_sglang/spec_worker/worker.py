@@ -81,7 +81,8 @@ class FaserWorker(BaseSpecWorker):
         vocab = self._target_worker.model_runner.model_config.vocab_size
         mode = self.config.chunk_forward
         self.draft_phase = DraftPhase(ChunkForward(self.draft_runner, req_to_token_pool, mode), self.k_max, vocab)
-        self.verify_phase = VerifyPhase(ChunkForward(self._target_worker.model_runner, req_to_token_pool, mode))
+        target_chunks = ChunkForward(self._target_worker.model_runner, req_to_token_pool, mode)
+        self.verify_phase = VerifyPhase(target_chunks, self._target_worker)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self.policy.forget(rid)
@@ -124,6 +125,9 @@ class FaserWorker(BaseSpecWorker):
         context = StepContext(tuple(seq_lens), tuple(state.draft_kv_lens), budget)
         lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
+        if not any(lengths) and not batch.return_logprob:
+            clock.mark("policy")
+            return self._plain_step(batch, rids, seq_lens, state, started, clock)
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
         sampling = SamplingRows.from_sampling_info(batch.sampling_info)
         clock.mark("policy")
@@ -147,6 +151,36 @@ class FaserWorker(BaseSpecWorker):
         # Draft KV stays valid up to the last committed token it was fed.
         next_kv = [min(d, n + a) for d, n, a in zip(drafts.draft_kv_lens, seq_lens, accept_lens)]
         return self._result(batch, result, logits, FaserDraftState(next_kv))
+
+    def _plain_step(
+        self,
+        batch: ScheduleBatch,
+        rids: list[str],
+        seq_lens: list[int],
+        state: FaserDraftState,
+        started: float,
+        clock,
+    ) -> GenerationBatchResult:
+        """No request drafts: a plain decode step (verify.py), one token per request.
+        The draft model does not run; its KV lags one more token, caught up when the
+        request drafts again."""
+        clock.mark("draft")
+        clock.label("verify_forward", "plain_decode")
+        out = self.verify_phase.plain_decode(batch, self.verify_phase.bonus_tokens(batch))
+        clock.mark("verify")
+        zeros = [0] * len(rids)
+        self.policy.observe(rids, zeros, zeros)
+        self.stats.record(rids, seq_lens, state.draft_kv_lens, zeros, zeros, started, clock)
+        accept_lens = torch.ones_like(batch.seq_lens, dtype=torch.int32)
+        return GenerationBatchResult(
+            logits_output=out.logits_output,
+            next_token_ids=out.next_token_ids,
+            accept_lens=accept_lens,
+            new_seq_lens=batch.seq_lens + 1,
+            next_draft_input=FaserDraftState(state.draft_kv_lens),
+            speculative_num_draft_tokens=1,
+            can_run_cuda_graph=out.can_run_cuda_graph,
+        )
 
     def _result(
         self,

@@ -109,7 +109,7 @@ case ${1:?call: 1|2|3|4} in
       --draft $TINY/draft --out $RES/host --contenders ${CONTENDERS:-faser-k0 no-spec-sync no-spec faser standalone-k1} \
       --concurrency 32 128 --max-new-tokens ${MAX_NEW_TOKENS:-1000} --server-args '$SERVER_FLAGS \
       --cuda-graph-max-bs 128 --max-running-requests 128 --mem-fraction-static 0.3 --max-total-tokens 300000' \
-      2>&1 | grep -v '^\[20'; touch $RES/host.done"
+      2>&1 | grep --line-buffered -v '^\[20'; touch $RES/host.done"
     wait_for host.done; tail -12 $RES/host.log ;;
   host-wait)
     wait_for host.done; tail -12 $RES/host.log ;;
