@@ -8,9 +8,10 @@ With a tiny target the GPU finishes a decode step in well under a millisecond, s
 time a step takes is what the host spends on it: the scheduler (batch preparation,
 result processing), the speculative worker's Python and the launches. Each contender
 is served in turn; for each concurrency C it is sent C requests at once that decode
---max-new-tokens tokens with ignore_eos, and the decode rate is read over the window
-where all C run (after the last first token, before the first finish):
-``ms/token`` = window x C / tokens, the time per decode step for one-token steps.
+--max-new-tokens tokens with ignore_eos, and the decode rate is read from the server's
+own "Decode batch" log lines while exactly C requests run (the streaming client is
+too slow to time 128 requests' tokens itself): ``ms/token`` = 1000 x C / (tokens/s),
+the time per decode step when every step emits one token per request.
 
 Contenders: the A/B benchmark's names (no-spec, standalone-k<K>, ngram, faser) plus
 ``no-spec-sync`` (no-spec with --disable-overlap-schedule: SGLang's synchronous loop,
@@ -31,7 +32,9 @@ import json
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -42,7 +45,7 @@ from typing import Optional, Sequence
 import psutil
 
 from faser_sglang.bench import servers
-from faser_sglang.bench.client import RequestTiming, replay
+from faser_sglang.bench.client import replay
 
 PROMPT = "def fibonacci(n):\n    "
 
@@ -64,17 +67,16 @@ def contender(name: str, draft: str, k_max: int, out: Path) -> servers.Contender
     return servers.contender(name, draft, k_max)
 
 
-def decode_window(timings: Sequence[RequestTiming]) -> tuple[float, float, int]:
-    """(start, end, tokens): the window where every request is decoding and the
-    tokens all of them produced inside it."""
-    start = max(t.first_token for t in timings if t.first_token is not None)
-    end = min(t.finished for t in timings if t.finished is not None)
-    tokens = 0
-    for t in timings:
-        inside = [n for s, n in t.token_times if start <= s <= end]
-        if inside:
-            tokens += inside[-1] - inside[0]
-    return start, end, tokens
+DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)")
+
+
+def decode_rate(log: str, running: int) -> Optional[float]:
+    """Median generation throughput (tokens/s) of the server's "Decode batch" log lines
+    logged while exactly ``running`` requests decoded; None if there are none. The
+    median, because a line's rate covers the time since the previous line, and the
+    first line of a run also covers the idle time before it."""
+    rates = [float(m[2]) for m in DECODE_LINE.finditer(log) if int(m[1]) == running]
+    return statistics.median(rates) if rates else None
 
 
 def scheduler_pid(server: servers.Server) -> Optional[int]:
@@ -148,13 +150,16 @@ def run(args: argparse.Namespace) -> dict:
                         profile = args.out / f"{name}.pyspy.txt"
                         thread = record_pyspy(pid, args.pyspy_seconds, args.pyspy_delay, profile)
                 reqs = [Prompt(PROMPT, args.max_new_tokens)] * conc
+                logged = len(server.log_path.read_text(errors="replace"))
                 result = replay(server.base_url, reqs, [0.0] * conc, SAMPLING)
                 errors = [t.error for t in result.timings if t.error]
                 if errors:
                     raise RuntimeError(f"{name} at concurrency {conc}: {errors[0]}")
-                start, end, tokens = decode_window(result.timings)
-                results[name][str(conc)] = 1000 * (end - start) * conc / tokens
-                print(f"{name:16s} C={conc:4d}  {results[name][str(conc)]:.2f} ms/token  window {end - start:.1f} s", flush=True)
+                rate = decode_rate(server.log_path.read_text(errors="replace")[logged:], conc)
+                if rate is None:
+                    raise RuntimeError(f"{name}: no decode log line with {conc} running requests")
+                results[name][str(conc)] = 1000 * conc / rate
+                print(f"{name:16s} C={conc:4d}  {rate:9.0f} tok/s  {results[name][str(conc)]:.2f} ms/token", flush=True)
                 if profile is not None:
                     thread.join()
                     if profile.exists():
@@ -195,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--pyspy-delay", type=float, default=2.0, help="seconds after the requests are sent")
     p.add_argument("--server-args", default="")
     args = p.parse_args(argv)
-    args.command = " ".join(["python scripts/profile_host.py", *(argv or __import__("sys").argv[1:])])
+    args.command = " ".join(["python scripts/profile_host.py", *(argv if argv is not None else sys.argv[1:])])
     run(args)
     return 0
 
