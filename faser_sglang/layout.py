@@ -21,6 +21,8 @@ from typing import Sequence
 
 import torch
 
+from faser_sglang.tensors import device_tensor
+
 
 @dataclass(frozen=True)
 class RaggedLayout:
@@ -57,7 +59,7 @@ class RaggedLayout:
             raise ValueError(f"draft lengths {lens} outside [0, {max_draft_len}]")
         verify = tuple(k + 1 for k in lens)
         bs = len(lens)
-        draft_lens_t = torch.tensor(lens, dtype=torch.int64, device=device)
+        draft_lens_t = device_tensor(lens, device)
         verify_t = draft_lens_t + 1
         qo_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=device)
         torch.cumsum(verify_t, dim=0, out=qo_indptr[1:])

@@ -23,6 +23,8 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from faser_sglang.tensors import device_tensor
+
 
 @dataclass(frozen=True)
 class RowSelection:
@@ -35,7 +37,7 @@ class RowSelection:
     @classmethod
     def of(cls, rows: Sequence[int], device: torch.device | str) -> "RowSelection":
         rows_cpu = tuple(int(r) for r in rows)
-        return cls(rows_cpu, torch.tensor(rows_cpu, dtype=torch.int64, device=device))
+        return cls(rows_cpu, device_tensor(rows_cpu, device))
 
 
 def _select_rows(batch: ScheduleBatch, sel: Optional[RowSelection]) -> ScheduleBatch:

@@ -42,6 +42,7 @@ from faser_sglang.spec_worker.batch_views import (
     extend_forward_batch,
     kv_slots,
 )
+from faser_sglang.tensors import device_tensor
 
 
 class ChunkForward:
@@ -90,15 +91,15 @@ class ChunkForward:
         out_cache_loc = kv_slots(
             self.req_to_token_pool.req_to_token,
             pool_rows,
-            torch.tensor(list(starts), dtype=torch.int64, device=device),
-            torch.tensor(list(lens), dtype=torch.int64, device=device),
+            device_tensor(starts, device),
+            device_tensor(lens, device),
             total=total,
         )
         if self.uses_decode_rows(total):
             logits = self._decode_rows(batch, rows, starts, lens, input_ids, out_cache_loc)
             if not last_only:
                 return logits
-            last = torch.tensor(_last_token_index(lens), dtype=torch.int64, device=device)
+            last = device_tensor(_last_token_index(lens), device)
             return logits[last]
         return self._extend(batch, sel, starts, lens, input_ids, out_cache_loc, last_only)
 

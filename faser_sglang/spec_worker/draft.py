@@ -26,6 +26,7 @@ from faser_sglang.layout import RaggedLayout
 from faser_sglang.spec_worker.batch_views import RowSelection, decode_forward_batch
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.sampling import SamplingRows, greedy_tokens, sampling_probs
+from faser_sglang.tensors import device_tensor
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ class DraftPhase:
         logits = self._catch_up(batch, active, seq_lens, draft_kv_lens)  # [len(active), V]
         rows = active
         for step in range(max(k[i] for i in active)):
-            rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+            rows_t = device_tensor(rows, device)
             picked = self._pick(logits, sampling.select(rows_t), generator)
             tokens[rows_t, step] = picked.tokens
             if probs is not None and picked.probs is not None:
@@ -88,7 +89,7 @@ class DraftPhase:
             if not keep:
                 break
             rows = [rows[j] for j in keep]
-            keep_t = torch.tensor(keep, dtype=torch.int64, device=device)
+            keep_t = device_tensor(keep, device)
             logits = self._decode(batch, rows, seq_lens, step + 1, picked.tokens[keep_t])
         for i in active:
             new_kv_lens[i] = seq_lens[i] + k[i]
@@ -107,7 +108,7 @@ class DraftPhase:
         ids: list[int] = []
         for i, s, n in zip(active, starts, lens):
             ids.extend(committed_tokens(batch.reqs[i], s, s + n))
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=batch.seq_lens.device)
+        input_ids = device_tensor(ids, batch.seq_lens.device)
         return self.chunks.logits(batch, active, starts, lens, input_ids, last_only=True)
 
     def _decode(
@@ -120,7 +121,7 @@ class DraftPhase:
     ) -> torch.Tensor:
         device = batch.seq_lens.device
         sel = RowSelection.of(rows, device)
-        positions = torch.tensor([seq_lens[i] + offset for i in rows], dtype=torch.int64, device=device)
+        positions = device_tensor([seq_lens[i] + offset for i in rows], device)
         out_cache_loc = self.req_to_token_pool.req_to_token[
             batch.req_pool_indices[sel.rows], positions
         ].to(torch.int64)

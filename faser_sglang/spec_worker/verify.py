@@ -22,6 +22,7 @@ from faser_sglang.layout import RaggedLayout
 from faser_sglang.spec_worker.batch_views import decode_forward_batch
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft import committed_tokens
+from faser_sglang.tensors import device_tensor
 
 
 class VerifyPhase:
@@ -41,7 +42,7 @@ class VerifyPhase:
                     "expected exactly one uncommitted (bonus) token"
                 )
             ids.extend(committed_tokens(req, n, n + 1))
-        return torch.tensor(ids, dtype=torch.int64, device=batch.seq_lens.device)
+        return device_tensor(ids, batch.seq_lens.device)
 
     def run(
         self,
