@@ -17,7 +17,8 @@ Contenders: the A/B benchmark's names (no-spec, standalone-k<K>, ngram, faser) p
 ``no-spec-sync`` (no-spec with --disable-overlap-schedule: SGLang's synchronous loop,
 the one FASER runs on) and ``faser-k0`` (FASER whose policy never drafts: every step is
 a plain decode through the FASER worker, so its gap to no-spec-sync is the worker's own
-overhead). With py-spy on PATH, the scheduler process of each contender is sampled for
+overhead) and ``faser-k<K>`` (policy ``fixed``: every request drafts K tokens every
+step, the drafting path; its rate counts accepted tokens). With py-spy on PATH, the scheduler process of each contender is sampled for
 --pyspy-seconds at the largest concurrency, and DIR/<contender>.md lists the functions
 that hold the most samples (inclusive and self).
 
@@ -64,6 +65,11 @@ def contender(name: str, draft: str, k_max: int, out: Path) -> servers.Contender
         config = out / "faser-k0.json"
         config.write_text(json.dumps({"policy": "ema", "min_token_value": 0.999}))
         return servers.faser(draft, k_max, str(config), name=name)
+    if re.fullmatch(r"faser-k[1-9]\d*", name):
+        # policy fixed: every request drafts K_max = K tokens every step (the drafting path).
+        config = out / f"{name}.json"
+        config.write_text(json.dumps({"policy": "fixed"}))
+        return servers.faser(draft, int(name.removeprefix("faser-k")), str(config), name=name)
     return servers.contender(name, draft, k_max)
 
 

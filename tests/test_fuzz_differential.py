@@ -209,23 +209,34 @@ def differences(case: FuzzCase, got: dict, ref: dict) -> list[str]:
     return diffs
 
 
-def case_problems(case: FuzzCase, got: tuple[int, Any], ref: tuple[int, Any], vocab: Vocabulary) -> list[str]:
+def structural_problems(case: FuzzCase, got: tuple[int, Any], ref: tuple[int, Any], vocab: Vocabulary) -> list[str]:
+    """Both servers answered, FASER with n completions that obey the request's rules."""
     (g_status, g_body), (r_status, r_body) = got, ref
     if r_status != 200:
         return [f"no-spec answered {r_status}: {str(r_body)[:300]} (invalid fuzz request)"]
     if g_status != 200:
         return [f"FASER answered {g_status}: {str(g_body)[:300]}"]
-    g_outs, r_outs = outputs_of(g_body), outputs_of(r_body)
+    g_outs = outputs_of(g_body)
     n = case.params.get("n", 1)
     if len(g_outs) != n:
         return [f"FASER returned {len(g_outs)} completions for n={n}"]
     problems = []
     for out in g_outs:
         problems += well_formed_problems(case.params, out, vocab.size, vocab.eos_ids, vocab.decode)
-    if case.deterministic:
-        for g, r in zip(g_outs, r_outs):
+    return problems
+
+
+def case_problems(case: FuzzCase, got: tuple[int, Any], ref: tuple[int, Any], vocab: Vocabulary) -> list[str]:
+    problems = structural_problems(case, got, ref, vocab)
+    if case.deterministic and answered(case, got, ref):
+        for g, r in zip(outputs_of(got[1]), outputs_of(ref[1])):
             problems += differences(case, g, r)
     return problems
+
+
+def answered(case: FuzzCase, got: tuple[int, Any], ref: tuple[int, Any]) -> bool:
+    """Both servers answered 200 and FASER with the n completions asked for."""
+    return got[0] == ref[0] == 200 and len(outputs_of(got[1])) == case.params.get("n", 1)
 
 
 @pytest.fixture(scope="module")

@@ -104,3 +104,10 @@ def test_run_reports_each_contender_against_no_spec(script, tmp_path, monkeypatc
     faser_args, faser_env = launched[1][1], launched[1][2]
     assert faser_args[:2] == ["--device", "cpu"] and "--speculative-algorithm" in faser_args
     assert json.loads(Path(faser_env["FASER_CONFIG"]).read_text()) == {"policy": "ema", "min_token_value": 0.999}
+
+
+def test_fixed_length_faser_contender_drafts_k_every_step(script, tmp_path):
+    c = script.contender("faser-k3", "D", 7, tmp_path)
+    assert c.args[c.args.index("--speculative-num-steps") + 1] == "3"
+    assert json.loads(Path(c.env["FASER_CONFIG"]).read_text()) == {"policy": "fixed"}
+    assert script.contender("no-spec-sync", "D", 7, tmp_path).args == ("--disable-overlap-schedule",)

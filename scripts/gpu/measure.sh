@@ -6,20 +6,24 @@
 #
 #   call  carry                                              what runs
 #   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; background: the single-GPU tests
-#         .bundle/gguf/SHA256                                (GPU 0) and the soak (GPU 1, 8 min)
+#         .bundle/gguf/SHA256                                (GPU 0) and, on GPU 1, the differential
+#                                                            fuzzer (GPU1_JOB=fuzz, default; FUZZ_SEEDS x
+#                                                            FUZZ_CASES) or the 8-minute soak (GPU1_JOB=soak)
 #   2     .bundle/gguf/part-01                               receive the second GGUF part
 #   3     .bundle/gguf/part-02                               background "big": build the cost-faithful
 #                                                            pair (GPU 0); profile its costs once the tests
-#                                                            are done; the A/B (one lane per GPU) once the
-#                                                            soak is done; then the TP=2 tests and TP=2 A/B
+#                                                            are done; the bursty A/B (one lane per GPU)
+#                                                            once GPU 1 is free; the rate sweep (Poisson,
+#                                                            SWEEP_RATES); then the TP=2 tests and TP=2 A/B
 #   4     -                                                  wait for "big" (at most WAIT s), collect;
 #                                                            repeat while it runs
 #
 #   soak  (after call 1)                                     the soak alone (one-GPU machines)
 #   host  (any time)                                         per-step host cost of every contender on the
 #                                                            tiny pair (scripts/profile_host.py; GPU 0)
+#   host-wait                                                wait for "host" (at most WAIT s)
 # On one GPU the tests run in the background of call 1, the A/B contenders one after
-# another, and the soak and TP=2 runs are left out.
+# another, and the GPU-1 job and TP=2 runs are left out.
 #
 #   FASER_COMMIT=<sha> bash scripts/gpu/measure.sh 1|2|3|4
 set -uo pipefail
@@ -58,17 +62,23 @@ case ${1:?call: 1|2|3|4} in
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
     log "background: single-GPU tests on GPU 0"
-    background tests "CUDA_VISIBLE_DEVICES=0 OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k 'not tp2' \
+    background tests "CUDA_VISIBLE_DEVICES=0 OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k 'not tp2 and not gpu_fuzz' \
       | tail -15; touch $RES/tests.done"
     if (( NUM_GPUS < 2 )); then
-      log "one GPU: no background soak (it would share the GPU with the timing runs); run call 'soak'"
+      log "one GPU: nothing in the background beside the tests (timing runs need the GPU to themselves)"
       exit 0
     fi
-    log "background: soak, 8 min on GPU 1"
-    touch $RES/soak.started
-    background soak "CUDA_VISIBLE_DEVICES=1 python3 -m faser_sglang.bench.soak --target $TINY/target \
-      --draft $TINY/draft --out $RES/soak --duration 480 --rate 8 --peak-to-valley 10 --abort-fraction 0.1 \
-      --k-max 5 --server-args $TINY_FLAGS; touch $RES/soak.done" ;;
+    touch $RES/gpu1.started
+    if [[ ${GPU1_JOB:-fuzz} == soak ]]; then
+      log "background: soak, 8 min on GPU 1"
+      background gpu1 "CUDA_VISIBLE_DEVICES=1 python3 -m faser_sglang.bench.soak --target $TINY/target \
+        --draft $TINY/draft --out $RES/soak --duration 480 --rate 8 --peak-to-valley 10 --abort-fraction 0.1 \
+        --k-max 5 --server-args $TINY_FLAGS; touch $RES/gpu1.done"
+    else
+      log "background: differential fuzzing on GPU 1 (${FUZZ_SEEDS:-8} seeds x ${FUZZ_CASES:-64} cases)"
+      background gpu1 "CUDA_VISIBLE_DEVICES=1 FASER_GPU_FUZZ_SEEDS=${FUZZ_SEEDS:-8} FASER_GPU_FUZZ_CASES=${FUZZ_CASES:-64} \
+        OUT=$RES/fuzz bash scripts/gpu/run_gpu_tests.sh -k gpu_fuzz | tail -40; touch $RES/gpu1.done"
+    fi ;;
   2)
     bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log" ;;
   3)
@@ -86,13 +96,20 @@ case ${1:?call: 1|2|3|4} in
       CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
         --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64 --long-batch-sizes '' \
         --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20
-      while [[ -f $RES/soak.started && ! -f $RES/soak.done ]]; do sleep 2; done  # GPU 1 free before timing
+      while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
       python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab \
-        $LANES --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad standalone-k1 standalone-k3 standalone-k5 faser} \
+        $LANES --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad standalone-k1 standalone-k3 standalone-k5 ngram faser} \
         --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
         --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
         --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20'
       touch $RES/ab.done
+      # Throughput and latency vs request rate: Poisson arrivals, 30 s per rate and contender.
+      python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/sweep \
+        $LANES --contenders ${SWEEP_CONTENDERS:-no-spec faser-ad standalone-k1 ngram} \
+        --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
+        --trace poisson --rate 6 --duration 30 --sweep-rates ${SWEEP_RATES:-2 6 12} \
+        --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20'
+      touch $RES/sweep.done
       if (( $NUM_GPUS >= 2 )); then
         OUT=$RES/tests-tp2 bash scripts/gpu/run_gpu_tests.sh -k tp2 | tail -15 || true
         python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab-tp2 \
@@ -123,6 +140,6 @@ case ${1:?call: 1|2|3|4} in
     # Wait for "big", at most $WAIT seconds (the call's limit is 600), collecting every
     # minute so a call cut short by the device budget still returns what was measured.
     wait_for big.done
-    tail -30 "$RES/big.log"; tail -3 "$RES/soak.log"; tail -5 "$RES/tests.log"
+    tail -30 "$RES/big.log"; tail -3 "$RES/gpu1.log"; tail -5 "$RES/tests.log"
     [[ -f $RES/big.done ]] || log "still running (collecting what exists)" ;;
 esac
