@@ -6,7 +6,8 @@ This guard wraps that step (``TokenizerManager._create_tokenized_object``) and t
 length check before it (``_validate_one_request``) through HookRegistry, and acts
 only when the server's algorithm is FASER:
 - sampling features FASER's verify step does not apply yet (penalties,
-  ``min_new_tokens``, grammar constraints) are refused instead of silently ignored;
+  ``min_new_tokens``, grammar constraints, custom logit processors) are refused
+  instead of silently ignored;
 - wrongly typed sampling parameters (a ``TypeError`` in SGLang's length check or
   constructor, which SGLang 0.5.17 answers with a 500) become a 400;
 - values SGLang 0.5.17 accepts but then crashes its scheduler on (token ids outside
@@ -45,6 +46,8 @@ def request_error(req: Any, vocab_size: int) -> Optional[str]:
     if sp is None:  # embedding and other non-generate requests
         return None
     feature = unsupported_feature(sp)
+    if feature is None and getattr(req, "custom_logit_processor", None):
+        feature = "custom_logit_processor"
     if feature is not None:
         return (
             f"FASER does not support {feature} yet; send the request without it or use a "

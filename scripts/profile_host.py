@@ -109,22 +109,26 @@ def record_pyspy(pid: int, seconds: float, delay: float, path: Path) -> threadin
     return thread
 
 
+# The scheduler loop between requests (no batch to run): not part of a step's cost.
+IDLE_FRAMES = ("Scheduler.on_idle", "Scheduler.maybe_sleep_on_idle")
+
+
 def summarize_pyspy(raw: Path, top: int = 40) -> str:
-    """Markdown: the scheduler loop's functions by inclusive and by self samples."""
+    """Markdown: the busy scheduler loop's functions by inclusive and by self samples."""
     inclusive: Counter = Counter()
     own: Counter = Counter()
     total = 0
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
-        if "event_loop" not in stack:
-            continue  # watchdog / monitor threads
+        if "event_loop" not in stack or any(idle in stack for idle in IDLE_FRAMES):
+            continue  # watchdog / monitor threads; the loop waiting for work
         n = int(count)
         total += n
         frames = [_frame_name(f) for f in stack.split(";")]
         for name in set(frames):
             inclusive[name] += n
         own[frames[-1]] += n
-    lines = [f"{total} samples of the scheduler loop\n", "| inclusive | function |", "| --- | --- |"]
+    lines = [f"{total} samples of the busy scheduler loop\n", "| inclusive | function |", "| --- | --- |"]
     # Frames on every sampled stack (process bootstrap, the loop itself) say nothing.
     ranked = [(name, n) for name, n in inclusive.most_common() if n < total][:top]
     lines += [f"| {100 * n / total:.1f}% | `{name}` |" for name, n in ranked]

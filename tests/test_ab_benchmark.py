@@ -44,3 +44,27 @@ def test_ab_quick_run_writes_report(tiny_models, tmp_path, cpu_server_env):
     faser = next(s for s in report["summaries"] if s["contender"] == "faser")
     assert faser["accept_length"] is not None and faser["accept_length"] >= 1.0
     assert os.path.getsize(out / "over_time.png") > 1000
+
+
+def test_rate_sweep_reuses_a_poisson_main_run_and_replays_other_rates(monkeypatch):
+    from argparse import Namespace
+
+    replayed: list[float] = []
+
+    def fake_run_contenders(args, trace, reqs):
+        replayed.append(trace)
+        return [f"run@{trace}"]
+
+    monkeypatch.setattr(ab, "build_trace", lambda args, rate=None: rate)
+    monkeypatch.setattr(ab, "requests_for", lambda trace, args: [])
+    monkeypatch.setattr(ab, "run_contenders", fake_run_contenders)
+    monkeypatch.setattr(ab, "records", lambda run, trace, reqs: [run])
+    monkeypatch.setattr(ab.rep, "summarize", lambda recs: recs)
+
+    poisson = Namespace(trace="poisson", rate=6.0, sweep_rates=[12.0, 6.0, 2.0])
+    sweep = ab.rate_sweep(poisson, "main", [], ["main-run"])
+    assert list(sweep) == [2.0, 6.0, 12.0] and sweep[6.0] == ["main-run"]
+    assert replayed == [12.0, 2.0]  # the main run's rate is not replayed
+    bursty = Namespace(trace="bursty", rate=6.0, sweep_rates=[6.0])
+    assert ab.rate_sweep(bursty, "main", [], ["main-run"]) == {6.0: ["run@6.0"]}
+    assert ab.rate_sweep(Namespace(trace="poisson", rate=6.0, sweep_rates=[]), "main", [], []) == {}

@@ -20,6 +20,8 @@ def test_reference_of_a_deterministic_case_asks_for_top2():
     assert wide.payload["top_logprobs_num"] == 5
     sampled = case(temperature=0.8, top_k=5)
     assert with_top2(sampled) is sampled
+    argmax = with_top2(case(temperature=0.8, top_k=1))  # log-probs in logit units
+    assert argmax.payload["sampling_params"] == {"max_new_tokens": 4, "temperature": 0, "top_k": 1}
 
 
 def out(ids, top=None):
@@ -35,3 +37,5 @@ def test_divergence_is_located_and_sized():
     assert not is_near_tie(divergence(out([8, 3]), out([7, 3], top)), logit_ulp=0.0625)  # margin 1.9
     shorter = divergence(out([7]), out([7, 3], top))  # a stop or length difference
     assert shorter["position"] == 1 and not is_near_tie(shorter, logit_ulp=0.0625)
+    unjudged = divergence(out([7, 9]), out([7, 3], top[:1]))  # no top-2 at the split
+    assert not is_near_tie(unjudged, logit_ulp=0.0625)

@@ -45,12 +45,13 @@ def test_pyspy_summary_ranks_the_scheduler_loop_only(script, tmp_path):
     raw.write_text(
         f"{loop};FaserWorker._decode (/r/faser_sglang/spec_worker/worker.py:120);kv_slots (/r/faser_sglang/spec_worker/batch_views.py:9) 30\n"
         f"{loop};Scheduler.process_batch_result (/x/site-packages/sglang/srt/managers/scheduler.py:77) 10\n"
+        f"{loop};Scheduler.on_idle (/x/site-packages/sglang/srt/managers/scheduler.py:90) 25\n"
         "Thread.run (threading.py:1);WatchdogRaw._watchdog_thread (/x/site-packages/sglang/srt/utils/watchdog.py:3) 500\n"
     )
     md = script.summarize_pyspy(raw)
-    assert md.startswith("40 samples of the scheduler loop")
+    assert md.startswith("40 samples of the busy scheduler loop")  # idle samples left out
     inclusive, own = md.split("| self |")
-    assert "watchdog" not in md.lower()
+    assert "watchdog" not in md.lower() and "on_idle" not in md
     assert "event_loop_normal" not in inclusive  # on every sampled stack: says nothing
     assert "| 75.0% | `FaserWorker._decode (faser_sglang/spec_worker/worker.py)` |" in inclusive
     assert "| 75.0% | `kv_slots (faser_sglang/spec_worker/batch_views.py)` |" in own

@@ -39,6 +39,14 @@ def test_unsupported_features_are_named(params, feature):
     assert "FASER does not support" in request_error(req(sampling_params=sp(**params)), VOCAB)
 
 
+def test_custom_logit_processor_is_refused():
+    """FASER's own sampling would skip it while SGLang's sampler applies it on steps
+    without drafts: refused rather than applied on some tokens only."""
+    message = request_error(req(custom_logit_processor='{"callable": "..."}'), VOCAB)
+    assert "FASER does not support custom_logit_processor" in message
+    assert request_error(req(custom_logit_processor=None), VOCAB) is None
+
+
 @pytest.mark.parametrize(
     "fields, message",
     [

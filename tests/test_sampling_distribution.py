@@ -87,3 +87,42 @@ def test_temperature_sharpens():
                         torch.zeros(1, dtype=torch.bool), None, False)
     expected = P**2 / (P**2).sum()
     assert torch.allclose(sampling_probs(logits, cold)[0], expected, atol=1e-6)
+
+
+def _flashinfer_sequential(probs: torch.Tensor, k: int, p: float, min_p: float) -> torch.Tensor:
+    """SGLang's flashinfer sampling backend when a batch needs min-p: top_k_renorm_prob,
+    then top_p_renorm_prob on the renormalised result, then min-p; written out plainly."""
+    out = torch.zeros_like(probs)
+    order = torch.argsort(probs, descending=True)[:k]
+    out[order] = probs[order] / probs[order].sum()  # top-k, renormalised
+    kept, cum = [], 0.0
+    for i in torch.argsort(out, descending=True).tolist():
+        if out[i] == 0 or cum > p:
+            break
+        kept.append(i)  # a token stays while the mass before it is <= top_p
+        cum += float(out[i])
+    nucleus = torch.zeros_like(out)
+    nucleus[kept] = out[kept] / out[kept].sum()
+    nucleus[nucleus < nucleus.max() * min_p] = 0.0
+    return nucleus / nucleus.sum()
+
+
+def test_top_p_after_top_k_matches_the_flashinfer_backend_with_min_p():
+    """With min-p anywhere in a batch, SGLang's flashinfer backend applies top-p to the
+    top-k-renormalised distribution (stricter than the joint rule): [.5, .3, .2] with
+    top_k 2 and top_p 0.6 keeps {0, 1} jointly but {0} in sequence."""
+    probs = torch.tensor([[0.5, 0.3, 0.2, 0.0, 0.0, 0.0]]).clamp(min=1e-12)
+    rows = SamplingRows(torch.ones(1), torch.tensor([2]), torch.tensor([0.6]), torch.zeros(1),
+                        torch.zeros(1, dtype=torch.bool), None, False)  # fmt: skip
+    joint = sampling_probs(torch.log(probs), rows)[0]
+    sequential = sampling_probs(torch.log(probs), SamplingRows(**{**rows.__dict__, "top_p_after_top_k": True}))[0]
+    assert torch.count_nonzero(joint) == 2 and torch.count_nonzero(sequential) == 1
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        logits = torch.randn(1, 40, generator=g) * 2
+        k = int(torch.randint(1, 41, (1,), generator=g))
+        p, min_p = float(torch.rand(1, generator=g)) * 0.9 + 0.05, float(torch.rand(1, generator=g)) * 0.3
+        rows = SamplingRows(torch.ones(1), torch.tensor([k]), torch.tensor([p]), torch.tensor([min_p]),
+                            torch.zeros(1, dtype=torch.bool), None, False, top_p_after_top_k=True)  # fmt: skip
+        expected = _flashinfer_sequential(torch.softmax(logits[0], -1), k, p, min_p)
+        assert torch.allclose(sampling_probs(logits, rows)[0], expected, atol=1e-5)

@@ -177,6 +177,25 @@ def build(args: argparse.Namespace, runs: list[ContenderRun], trace, reqs) -> re
     return report
 
 
+def rate_sweep(
+    args: argparse.Namespace, trace: traces.Trace, reqs: list[workloads.Request], runs: list[ContenderRun]
+) -> dict[float, list]:
+    """Per-contender summaries at each ``--sweep-rates`` rate (Poisson), for
+    rate_sweep.png. A Poisson main trace is the point at its own rate: it is not
+    replayed again."""
+    if not args.sweep_rates:
+        return {}
+    sweep = {}
+    if args.trace == "poisson":
+        sweep[args.rate] = rep.summarize([x for run in runs for x in records(run, trace, reqs)])
+    for rate in args.sweep_rates:
+        if rate not in sweep:
+            t = build_trace(args, rate)
+            r = requests_for(t, args)
+            sweep[rate] = rep.summarize([x for run in run_contenders(args, t, r) for x in records(run, t, r)])
+    return dict(sorted(sweep.items()))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
@@ -216,11 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = build(args, runs, trace, reqs)
     mismatches = greedy_mismatches(runs)
 
-    sweep = {}
-    for rate in args.sweep_rates:
-        t = build_trace(args, rate)
-        r = requests_for(t, args)
-        sweep[rate] = rep.summarize([x for run in run_contenders(args, t, r) for x in records(run, t, r)])
+    sweep = rate_sweep(args, trace, reqs, runs)
     if sweep:
         rep.plot_rate_sweep(sweep, args.out / "rate_sweep.png")
 

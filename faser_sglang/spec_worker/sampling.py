@@ -6,6 +6,11 @@ min_p * max_prob, and drawing from what is left (``torch.multinomial`` renormali
 Rejection sampling must compare the draft and target under exactly that transform,
 so it lives here once and both phases call it. Greedy requests (top_k <= 1, which
 is how SGLang stores temperature 0) take the argmax instead.
+
+One backend detail: when any request of a batch uses min-p, SGLang's flashinfer
+sampling backend applies top-k, renormalises, then applies top-p to the renormalised
+distribution (``top_p_after_top_k``); otherwise, and on the pytorch backend, top-k and
+top-p both judge the original distribution.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ class SamplingRows:
     greedy: torch.Tensor  # [n] bool
     logit_bias: Optional[torch.Tensor]  # [n, V] float32 or None
     all_greedy: bool
+    top_p_after_top_k: bool = False  # top-p judges the top-k-renormalised distribution
 
     @classmethod
-    def from_sampling_info(cls, info) -> "SamplingRows":
-        """From SGLang's ``SamplingBatchInfo`` (temperatures is [bs, 1] there)."""
+    def from_sampling_info(cls, info, sampling_backend: str) -> "SamplingRows":
+        """From SGLang's ``SamplingBatchInfo`` (temperatures is [bs, 1] there) and the
+        server's ``--sampling-backend``."""
         top_ks = info.top_ks.to(torch.int64)
         return cls(
             temperatures=info.temperatures.view(-1).to(torch.float32),
@@ -40,6 +47,7 @@ class SamplingRows:
             greedy=top_ks <= 1,
             logit_bias=info.logit_bias,
             all_greedy=bool(info.is_all_greedy),
+            top_p_after_top_k=sampling_backend == "flashinfer" and bool(info.need_min_p_sampling),
         )
 
     def select(self, rows: torch.Tensor) -> "SamplingRows":
@@ -53,6 +61,7 @@ class SamplingRows:
             greedy=greedy,
             logit_bias=None if self.logit_bias is None else self.logit_bias[rows],
             all_greedy=self.all_greedy or bool(greedy.all()),
+            top_p_after_top_k=self.top_p_after_top_k,
         )
 
 
@@ -76,7 +85,12 @@ def sampling_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     cum = torch.cumsum(probs_sort, dim=-1)
     rank = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)  # [1, V]
     drop = rank >= rows.top_ks.unsqueeze(1)
-    drop |= (cum - probs_sort) > rows.top_ps.unsqueeze(1)
+    top_p = rows.top_ps.unsqueeze(1)  # [n, 1]
+    if rows.top_p_after_top_k:
+        # Mass before a token <= top_p x the top-k mass: top-p on the renormalised top-k.
+        last = (rows.top_ks.clamp(max=probs.shape[-1]) - 1).clamp(min=0).unsqueeze(1)  # [n, 1]
+        top_p = top_p * cum.gather(1, last)
+    drop |= (cum - probs_sort) > top_p
     drop |= probs_sort < (probs_sort[:, :1] * rows.min_ps.unsqueeze(1))
     probs_sort = probs_sort.masked_fill(drop, 0.0)
     out = torch.zeros_like(probs).scatter_(1, probs_idx, probs_sort)

@@ -8,7 +8,7 @@ computation as N = sum(k_i + 1) decode rows replayed from CUDA graphs
 request's reserved slots; only the accepted prefix becomes committed, the rest is
 overwritten later. With every k_i = 0 the verify is exactly a plain decode step, so
 ``plain_decode`` hands it to SGLang's own model worker, which also samples it with
-SGLang's sampler: such a step costs what a step without speculation costs.
+SGLang's sampler: such a step does no verify or acceptance work of FASER's.
 """
 
 from __future__ import annotations

@@ -129,7 +129,7 @@ class FaserWorker(BaseSpecWorker):
             clock.mark("policy")
             return self._plain_step(batch, rids, seq_lens, state, started, clock)
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
-        sampling = SamplingRows.from_sampling_info(batch.sampling_info)
+        sampling = SamplingRows.from_sampling_info(batch.sampling_info, self.server_args.sampling_backend)
         clock.mark("policy")
 
         drafts = self.draft_phase.run(batch, layout, state.draft_kv_lens, sampling, self.generator)

@@ -13,8 +13,8 @@
 #   3     .bundle/gguf/part-02                               background "big": build the cost-faithful
 #                                                            pair (GPU 0); profile its costs once the tests
 #                                                            are done; the bursty A/B (one lane per GPU)
-#                                                            once GPU 1 is free; the rate sweep (Poisson,
-#                                                            SWEEP_RATES); then the TP=2 tests and TP=2 A/B
+#                                                            once GPU 1 is free; the rate sweep (Poisson at
+#                                                            6 req/s and SWEEP_RATES); then the TP=2 tests and TP=2 A/B
 #   4     -                                                  wait for "big" (at most WAIT s), collect;
 #                                                            repeat while it runs
 #
@@ -61,6 +61,7 @@ case ${1:?call: 1|2|3|4} in
     bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log"
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
+    rm -f $RES/tests.done $RES/gpu1.started $RES/gpu1.done  # markers of an earlier call 1
     log "background: single-GPU tests on GPU 0"
     background tests "CUDA_VISIBLE_DEVICES=0 OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k 'not tp2 and not gpu_fuzz' \
       | tail -15; touch $RES/tests.done"
@@ -86,6 +87,7 @@ case ${1:?call: 1|2|3|4} in
     [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
     echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"}" > $RES/faser-ad.json
     LANES=; (( NUM_GPUS >= 2 )) && LANES="--gpus 0 1"
+    rm -f $RES/ab.done $RES/sweep.done $RES/big.done
     log "background: build pair (GPU 0), profile, A/B (lanes: ${LANES:-one GPU}), TP=2"
     background big "set -eo pipefail
       export FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF
@@ -107,8 +109,8 @@ case ${1:?call: 1|2|3|4} in
       python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/sweep \
         $LANES --contenders ${SWEEP_CONTENDERS:-no-spec faser-ad standalone-k1 ngram} \
         --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
-        --trace poisson --rate 6 --duration 30 --sweep-rates ${SWEEP_RATES:-2 6 12} \
-        --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20'
+        --trace poisson --rate 6 --duration 30 --sweep-rates ${SWEEP_RATES:-2 12} \
+        --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20' || true  # the TP=2 stage runs regardless
       touch $RES/sweep.done
       if (( $NUM_GPUS >= 2 )); then
         OUT=$RES/tests-tp2 bash scripts/gpu/run_gpu_tests.sh -k tp2 | tail -15 || true
@@ -122,6 +124,7 @@ case ${1:?call: 1|2|3|4} in
          # the background; the call waits for it (at most WAIT s); call "host-wait" waits more
     [[ -d $TINY/draft ]] || { python3 scripts/build_models.py tiny $TINY/target >/dev/null
       python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null; }
+    rm -f $RES/host.done
     background host "CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_host.py --target $TINY/target \
       --draft $TINY/draft --out $RES/host --contenders ${CONTENDERS:-faser-k0 no-spec-sync no-spec faser standalone-k1} \
       --concurrency 32 128 --max-new-tokens ${MAX_NEW_TOKENS:-1000} --server-args '$SERVER_FLAGS \
