@@ -10,7 +10,8 @@ a per-step trace. For each batch size bs it is sent bs requests at once that dec
 --max-new-tokens tokens with ignore_eos, so the running batch stays at bs; HumanEval
 prompts give short contexts, the "long" workload 2k-8k-token ones. Every traced
 decode step is one sample (step seconds, lengths, context lengths, draft KV fill,
-and draft-phase seconds when the worker records them); the cost model is fitted on
+and draft-phase seconds when the worker records them; steps whose cap is 0 are plain
+decodes, which get their own term); the cost model is fitted on
 80% of them, its MAPE on the other 20% is printed and stored with it, and the entry
 is written to --out under this GPU/target/draft/attention-backend/dtype key (other
 entries of the file are kept). Point FASER_CONFIG's ``cost_model_path`` at the file.
@@ -115,10 +116,13 @@ def main(argv: Sequence[str] | None = None) -> CostModel:
     model = fit(samples, holdout_fraction=args.holdout, seed=args.seed)
     key = CostKey.of(gpu, args.target, args.draft, args.attention_backend, args.dtype)
     write_cost_entry(args.out, key, model)
-    phased = all(s.draft_seconds is not None for s in samples)
+    phased = all(s.draft_seconds is not None for s in samples if any(s.draft_lens))
     phases = "draft and verify fitted apart" if phased else "joint fit: trace has no draft_seconds"
+    plain = sum(not any(s.draft_lens) for s in samples)
+    plain_term = "its own term" if model.plain is not None else "priced as verifies (too few for a term)"
     print(
-        f"{len(samples)} decode steps ({phases}); held-out MAPE {model.holdout_mape:.1%}\n"
+        f"{len(samples)} decode steps ({phases}; {plain} without drafts: {plain_term}); "
+        f"held-out MAPE {model.holdout_mape:.1%}\n"
         f"wrote {key} to {args.out}"
     )
     return model

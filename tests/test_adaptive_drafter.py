@@ -26,6 +26,7 @@ from faser_sglang.spec_worker.adaptive import (
     Deployment,
     DraftCost,
     ModelShape,
+    PlainCost,
     StepSample,
     VerifyCost,
     allocate,
@@ -174,6 +175,8 @@ def synthetic_steps(model: CostModel, n: int, seed: int, noise: float, with_draf
         catchup = tuple(int(x) for x in rng.integers(1, 4, bs))
         draft = model.draft_time(k, seq, catchup) * (1 + noise * rng.standard_normal())
         verify = model.verify_time(k, seq) * (1 + noise * rng.standard_normal())
+        if not any(k) and model.plain is not None:  # a plain decode step
+            draft, verify = 0.0, model.no_draft_time(seq) * (1 + noise * rng.standard_normal())
         samples.append(StepSample(k, seq, catchup, draft + verify, draft if with_draft_seconds else None))
     return samples
 
@@ -199,6 +202,26 @@ def test_joint_fit_without_draft_seconds_still_predicts():
     fresh = synthetic_steps(KNOWN, 50, seed=2, noise=0.0, with_draft_seconds=False)
     for s in fresh:
         assert model.step_time(s.draft_lens, s.seq_lens, s.catchup) == pytest.approx(s.seconds, rel=0.06)
+
+
+def test_fit_gives_steps_without_drafts_their_own_term():
+    """Plain decode steps (nobody drafts) cost less than a zero-length verify; the fit
+    prices them apart when the profile has enough of them, and not otherwise."""
+    known = replace(KNOWN, plain=PlainCost(fixed=7e-3, row=1.0e-5, context_token=1.5e-8))
+    samples = synthetic_steps(known, 600, seed=4, noise=0.01, with_draft_seconds=True)
+    assert 40 < sum(not any(s.draft_lens) for s in samples) < 120  # cap 0: one step in nine
+    model = fit(samples, knots=(256, 512, 1024))
+    assert model.holdout_mape < 0.02
+    assert model.plain.fixed == pytest.approx(7e-3, rel=0.05)
+    assert model.verify.fixed == pytest.approx(KNOWN.verify.fixed, rel=0.05)  # not dragged down
+    assert model.step_time((0, 0), (100, 200), (1, 1)) == pytest.approx(known.plain.time(2, 300.0), rel=0.05)
+    assert model.step_time((1, 0), (100, 200), (1, 1)) == pytest.approx(known.step_time((1, 0), (100, 200), (1, 1)), rel=0.05)
+    few = [s for s in samples if any(s.draft_lens)] + [s for s in samples if not any(s.draft_lens)][:3]
+    assert fit(few).plain is None  # too few to fit three coefficients: priced as verifies
+    assert CostModel.from_dict(model.to_dict()) == model
+    older = model.to_dict()
+    del older["plain"]  # a cost file written before the term existed
+    assert CostModel.from_dict(older).plain is None
 
 
 def test_fit_needs_enough_steps():
@@ -284,6 +307,16 @@ def test_no_speculation_when_it_cannot_pay():
     assert run_allocate(hopeless, cost()).draft_lens == (0,) * 8
 
 
+def test_drafting_must_beat_the_plain_decode_it_replaces():
+    """Drafting that beats a zero-length verify but not the cheaper plain decode is off."""
+    gains = constant_gains([0.5] * 8, 4)
+    model = cost(verify_fixed=10e-3, forward=1e-3)
+    assert sum(run_allocate(gains, model).draft_lens) > 0
+    with_plain = replace(model, plain=PlainCost(fixed=6e-3, row=0.0, context_token=0.0))
+    a = run_allocate(gains, with_plain)
+    assert a.draft_lens == (0,) * 8 and a.step_seconds == pytest.approx(6e-3)
+
+
 def test_respects_the_verify_token_cap():
     """max_drafts (room the CUDA graphs leave) caps sum k_i; within it the allocator
     still picks the best point, checked against brute force."""
@@ -326,6 +359,7 @@ def test_near_optimal_against_brute_force():
             VerifyCost(*rng.uniform([5e-3, 0, 0, 0], [3e-2, 5e-5, 5e-5, 5e-8]),
                        knots=(float(rng.integers(4, 12)),), knot_slopes=(rng.uniform(0, 2e-3),)),
             "synthetic",
+            plain=PlainCost(*rng.uniform([2e-3, 0, 0], [3e-2, 5e-5, 5e-8])) if rng.random() < 0.5 else None,
         )  # fmt: skip
         bs, k_max = 4, 3
         gains = np.cumprod(rng.uniform(0.2, 1.0, (bs, k_max)), axis=1)

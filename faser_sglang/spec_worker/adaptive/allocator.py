@@ -9,6 +9,9 @@ sum_{j<k} g[i, j], so the allocator maximises the batch's throughput
 
 k_i = 0 is allowed: a request whose drafts do not pay decodes normally. At high
 load, when a verify token costs a compute-bound GEMM row, that is most requests.
+A step in which nobody drafts is a plain decode, priced by the cost model's plain
+term where the profile has one (cheaper than a verify: the first draft of a step
+pays for the switch to the verify path, which the exact evaluation below includes).
 
 Algorithm (greedy marginal gain). Draft positions are *items*: item (i, j) takes
 request i from k_i = j to j + 1, gains g[i, j] tokens and costs
@@ -86,7 +89,7 @@ def allocate(
     seq_lens = np.asarray(seq_lens, np.float64)
     d = cost.draft
     verify = cost.verify.time(bs, bs + np.arange(bs * k_max + 1), float(seq_lens.sum()))  # [M+1]
-    no_draft = Allocation((0,) * bs, float(bs), float(verify[0]))
+    no_draft = Allocation((0,) * bs, float(bs), cost.no_draft_time(seq_lens))
     if bs == 0 or k_max == 0 or max_drafts == 0:
         return no_draft
 

@@ -19,6 +19,17 @@ forward is bound by reading its weights, steeper once the GEMMs become compute
 bound. Everything except the first draft term is what the allocator prices per
 draft position; the forward counts make longer maxima cost a whole forward.
 
+A step in which nobody drafts is not a verify: the worker runs it as a plain decode
+through SGLang's own model worker (``VerifyPhase.plain_decode``), which costs less
+than the verify path at N = bs (no ragged layout, no acceptance). When the profile
+holds such steps it has its own term,
+
+    plain_time  = fixed + bs * row + C * context_token       (all k_i = 0)
+
+so the first draft of a step is priced against the decode it replaces, not against
+a zero-length verify; without it (older cost files, the analytical estimate) an
+all-zero step is priced as a verify with N = bs.
+
 Coefficients come from one of two places:
 - ``fit``: non-negative least squares on profiled steps (scripts/profile_costs.py),
   rows weighted by 1 / step time so the fit minimises relative error, with the
@@ -56,6 +67,8 @@ FILE_FORMAT = 1
 DEFAULT_KNOTS = (128, 256, 512, 1024, 2048, 4096)
 # Per-step trace fields a profiled sample needs (draft_seconds is optional).
 TRACE_KEYS = ("draft_lens", "seq_lens", "draft_kv_lens", "seconds")
+# Fewest training steps without drafts that get their own (3-coefficient) plain term.
+MIN_PLAIN_SAMPLES = 8
 
 
 @dataclass(frozen=True)
@@ -90,12 +103,31 @@ class VerifyCost:
 
 
 @dataclass(frozen=True)
+class PlainCost:
+    """Seconds per unit of each feature of a step in which nobody drafts (plain decode)."""
+
+    fixed: float
+    row: float
+    context_token: float
+
+    def time(self, batch_size: int, context: float) -> float:
+        return self.fixed + self.row * batch_size + self.context_token * context
+
+
+@dataclass(frozen=True)
 class CostModel:
     draft: DraftCost
     verify: VerifyCost
     source: str  # "profiled" or "analytical"
     holdout_mape: Optional[float] = None  # profiled only: MAPE of step time on held-out steps
     num_samples: int = 0  # profiled only: steps the fit and the MAPE used
+    plain: Optional[PlainCost] = None  # steps without drafts; None: priced as a verify
+
+    def no_draft_time(self, seq_lens: Sequence[int]) -> float:
+        """Seconds of a step in which none of the ``len(seq_lens)`` requests drafts."""
+        if self.plain is None:
+            return self.verify_time([0] * len(seq_lens), seq_lens)
+        return self.plain.time(len(seq_lens), float(sum(seq_lens)))
 
     def draft_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int]) -> float:
         return float(np.dot(_draft_features(draft_lens, seq_lens, catchup), _draft_vector(self.draft)))
@@ -105,6 +137,8 @@ class CostModel:
 
     def step_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int]) -> float:
         """Predicted seconds of a step with lengths ``draft_lens`` ([bs] each argument)."""
+        if not any(draft_lens):
+            return self.no_draft_time(seq_lens)
         return self.draft_time(draft_lens, seq_lens, catchup) + self.verify_time(draft_lens, seq_lens)
 
     def to_dict(self) -> dict[str, Any]:
@@ -115,12 +149,14 @@ class CostModel:
         verify = dict(data["verify"])
         verify["knots"] = tuple(verify.get("knots", ()))
         verify["knot_slopes"] = tuple(verify.get("knot_slopes", ()))
+        plain = data.get("plain")
         return cls(
             draft=DraftCost(**data["draft"]),
             verify=VerifyCost(**verify),
             source=data["source"],
             holdout_mape=data.get("holdout_mape"),
             num_samples=int(data.get("num_samples", 0)),
+            plain=None if plain is None else PlainCost(**plain),
         )
 
 
@@ -165,10 +201,13 @@ def fit(
 ) -> CostModel:
     """Fit a profiled CostModel on a random (1 - holdout_fraction) of ``samples``.
 
-    With ``draft_seconds`` on every sample the two phases are fitted separately
-    (verify time = step time - draft time, so bookkeeping around the forwards is
-    billed to verify); otherwise one joint fit of step time on both feature sets.
-    The returned model is the one the held-out MAPE was measured on.
+    Steps in which nobody drafted (plain decodes) get their own term when the training
+    part holds at least MIN_PLAIN_SAMPLES of them; the draft and verify terms are fitted
+    on the steps that drafted. With ``draft_seconds`` on every such sample the two
+    phases are fitted separately (verify time = step time - draft time, so bookkeeping
+    around the forwards is billed to verify); otherwise one joint fit of step time on
+    both feature sets. The returned model is the one the held-out MAPE (over all
+    held-out steps, plain ones included) was measured on.
     """
     n = len(samples)
     if n < 20:
@@ -176,15 +215,23 @@ def fit(
     order = np.random.default_rng(seed).permutation(n)
     n_hold = max(1, int(round(n * holdout_fraction)))
     hold, train = order[:n_hold], order[n_hold:]
+    seconds = np.array([s.seconds for s in samples])  # [n]
+    weight = 1.0 / seconds  # relative error: fast and slow steps count alike
+    no_draft = np.array([not any(s.draft_lens) for s in samples])  # [n]
+    plain = None
+    if np.count_nonzero(no_draft[train]) >= MIN_PLAIN_SAMPLES:
+        rows = train[no_draft[train]]
+        x_plain = np.array([_plain_features(samples[i].seq_lens) for i in rows])  # [p, 3]
+        plain = PlainCost(*(float(c) for c in _nnls(x_plain, seconds[rows], weight[rows])))
+        train = train[~no_draft[train]]
+
     tokens = np.array([sum(s.draft_lens) + len(s.draft_lens) for s in samples], np.float64)
     # A knot past every training point has no data to fit its slope.
     knots = tuple(float(b) for b in knots if b < tokens[train].max())
     x_draft = np.array([_draft_features(s.draft_lens, s.seq_lens, s.catchup) for s in samples])  # [n, 5]
     x_verify = np.array([_verify_features(s.draft_lens, s.seq_lens, knots) for s in samples])  # [n, 4+B]
-    seconds = np.array([s.seconds for s in samples])  # [n]
-    weight = 1.0 / seconds  # relative error: fast and slow steps count alike
-    if all(s.draft_seconds is not None for s in samples):
-        draft_seconds = np.array([s.draft_seconds for s in samples])
+    if all(samples[i].draft_seconds is not None for i in train):
+        draft_seconds = np.array([np.nan if s.draft_seconds is None else s.draft_seconds for s in samples])
         c_draft = _nnls(x_draft[train], draft_seconds[train], weight[train])
         c_verify = _nnls(x_verify[train], (seconds - draft_seconds)[train], weight[train])
     else:
@@ -198,11 +245,17 @@ def fit(
             knot_slopes=tuple(float(c) for c in c_verify[4:]),
         ),
         source="profiled",
+        plain=plain,
     )
     held_out = [samples[i] for i in hold]
     predicted = np.array([model.step_time(s.draft_lens, s.seq_lens, s.catchup) for s in held_out])
     mape = float(np.mean(np.abs(predicted - seconds[hold]) / seconds[hold]))
     return replace(model, holdout_mape=mape, num_samples=n)
+
+
+def _plain_features(seq_lens: Sequence[int]) -> np.ndarray:
+    """[3] in PlainCost's field order: 1, bs, C."""
+    return np.array([1.0, float(len(seq_lens)), float(sum(seq_lens))])
 
 
 def _draft_features(draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int]) -> np.ndarray:
