@@ -26,12 +26,14 @@ def test_ab_quick_run_writes_report(tiny_models, tmp_path, cpu_server_env):
             "--contenders", "no-spec", "no-spec-control", "standalone-k3", "adaptive", "faser",
             "--rate", "1.5", "--peak-to-valley", "6", "--duration", "12",
             "--burst-min", "2", "--burst-max", "4",
+            "--sweep-rates", "3",
             "--max-new-tokens", "24",
             "--server-args", *CPU_SERVER_FLAGS,
         ]
     )  # fmt: skip
     assert rc == 0
-    for name in ("report.json", "table.md", "trace.png", "over_time.png", "run.json"):
+    # Each contender's one server also replayed the Poisson sweep point (cache flushed between).
+    for name in ("report.json", "table.md", "trace.png", "over_time.png", "run.json", "rate_sweep.png"):
         assert (out / name).stat().st_size > 0, name
     run = json.loads((out / "run.json").read_text())
     # Greedy speculation is lossless: CPU float32 runs must match exactly.
@@ -46,25 +48,24 @@ def test_ab_quick_run_writes_report(tiny_models, tmp_path, cpu_server_env):
     assert os.path.getsize(out / "over_time.png") > 1000
 
 
-def test_rate_sweep_reuses_a_poisson_main_run_and_replays_other_rates(monkeypatch):
+def test_sweep_replays_each_other_rate_once_and_reuses_a_poisson_main_run(monkeypatch):
     from argparse import Namespace
 
-    replayed: list[float] = []
-
-    def fake_run_contenders(args, trace, reqs):
-        replayed.append(trace)
-        return [f"run@{trace}"]
-
-    monkeypatch.setattr(ab, "build_trace", lambda args, rate=None: rate)
-    monkeypatch.setattr(ab, "requests_for", lambda trace, args: [])
-    monkeypatch.setattr(ab, "run_contenders", fake_run_contenders)
-    monkeypatch.setattr(ab, "records", lambda run, trace, reqs: [run])
+    monkeypatch.setattr(ab, "build_trace", lambda args, rate=None: f"trace@{rate}")
+    monkeypatch.setattr(ab, "requests_for", lambda trace, args: [trace])
+    monkeypatch.setattr(ab, "records", lambda run, trace, reqs: [(run, trace)])
     monkeypatch.setattr(ab.rep, "summarize", lambda recs: recs)
 
-    poisson = Namespace(trace="poisson", rate=6.0, sweep_rates=[12.0, 6.0, 2.0])
-    sweep = ab.rate_sweep(poisson, "main", [], ["main-run"])
-    assert list(sweep) == [2.0, 6.0, 12.0] and sweep[6.0] == ["main-run"]
-    assert replayed == [12.0, 2.0]  # the main run's rate is not replayed
+    poisson = Namespace(trace="poisson", rate=6.0, sweep_rates=[12.0, 6.0, 2.0, 12.0])
+    replays = ab.plan_replays(poisson, "main", ["r"])
+    assert [r.rate for r in replays] == [None, 2.0, 12.0]  # 6 is the main run itself
+    runs = [[f"run{i}"] for i in range(len(replays))]
+    sweep = ab.rate_sweep(poisson, replays, runs)
+    assert sweep == {2.0: [("run1", "trace@2.0")], 6.0: [("run0", "main")], 12.0: [("run2", "trace@12.0")]}
+
     bursty = Namespace(trace="bursty", rate=6.0, sweep_rates=[6.0])
-    assert ab.rate_sweep(bursty, "main", [], ["main-run"]) == {6.0: ["run@6.0"]}
-    assert ab.rate_sweep(Namespace(trace="poisson", rate=6.0, sweep_rates=[]), "main", [], []) == {}
+    replays = ab.plan_replays(bursty, "main", ["r"])
+    assert [r.rate for r in replays] == [None, 6.0]  # a bursty main run is no sweep point
+    assert ab.rate_sweep(bursty, replays, [["run0"], ["run1"]]) == {6.0: [("run1", "trace@6.0")]}
+    none = Namespace(trace="poisson", rate=6.0, sweep_rates=[])
+    assert ab.rate_sweep(none, ab.plan_replays(none, "main", []), [[]]) == {}

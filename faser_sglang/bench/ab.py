@@ -20,8 +20,11 @@ contender produced the same tokens as no-spec (a mismatch is printed loudly: gre
 speculation must be lossless up to bf16 near-ties). ``no-spec-control`` serves no-spec a
 second time: its mismatches are the noise floor of that check (batches differ between
 runs under a dynamic trace, and bf16 GPU decoding is not batch-invariant), and its row
-in the table the run-to-run spread of the timings. Outputs in ``--out``: report.json,
-table.md, trace.png, over_time.png, and rate_sweep.png with ``--sweep-rates``.
+in the table the run-to-run spread of the timings. With ``--sweep-rates`` each
+contender's server also replays a Poisson trace at every such rate after the main
+trace (one server start per contender; the radix cache is flushed between traces).
+Outputs in ``--out``: report.json, table.md, trace.png, over_time.png, and
+rate_sweep.png with ``--sweep-rates``.
 ``--quick`` (60 s bursty trace; no-spec, standalone-k3, faser) fits one device call.
 """
 
@@ -79,12 +82,33 @@ def requests_for(trace: traces.Trace, args: argparse.Namespace) -> list[workload
     return reqs
 
 
-def run_contenders(
-    args: argparse.Namespace, trace: traces.Trace, reqs: list[workloads.Request]
-) -> list[ContenderRun]:
-    """Every contender replays the trace, in the order given. With ``--gpus`` the
-    contenders are dealt round-robin onto one lane per GPU; a lane runs its
-    contenders one after another and the lanes run at the same time."""
+@dataclass(frozen=True)
+class Replay:
+    """One trace every contender replays: the main trace (``rate`` None) or a
+    ``--sweep-rates`` point (Poisson at ``rate``)."""
+
+    rate: float | None
+    trace: traces.Trace
+    reqs: list[workloads.Request]
+
+
+def plan_replays(args: argparse.Namespace, trace: traces.Trace, reqs: list[workloads.Request]) -> list[Replay]:
+    """The main trace, then each sweep rate once. A Poisson main trace is the point at
+    its own rate, so that rate is not replayed again."""
+    replays = [Replay(None, trace, reqs)]
+    done = {args.rate} if args.trace == "poisson" else set()
+    for rate in sorted(set(args.sweep_rates) - done):
+        t = build_trace(args, rate)
+        replays.append(Replay(rate, t, requests_for(t, args)))
+    return replays
+
+
+def run_contenders(args: argparse.Namespace, replays: Sequence[Replay]) -> list[list[ContenderRun]]:
+    """Every contender replays every trace, in the order given: [replay][contender].
+    Each contender is one server that replays the traces one after another (started
+    once, not once per trace). With ``--gpus`` the contenders are dealt round-robin
+    onto one lane per GPU; a lane runs its contenders one after another and the
+    lanes run at the same time."""
     names = [n for n in args.contenders if n not in UNAVAILABLE]
     for name in args.contenders:
         if name in UNAVAILABLE:
@@ -92,27 +116,34 @@ def run_contenders(
     gpus = args.gpus or [None]
     lanes = [names[i :: len(gpus)] for i in range(len(gpus))]
     with ThreadPoolExecutor(len(gpus)) as pool:
-        done = list(pool.map(lambda lane: [run_one(args, trace, reqs, n, lane[1]) for n in lane[0]], zip(lanes, gpus)))
-    by_name = {run.name: run for lane in done for run in lane}
-    return [by_name[n] for n in names]
+        done = list(pool.map(lambda lane: [run_one(args, replays, n, lane[1]) for n in lane[0]], zip(lanes, gpus)))
+    by_name = {runs[0].name: runs for lane in done for runs in lane}
+    return [[by_name[n][i] for n in names] for i in range(len(replays))]
 
 
-def run_one(
-    args: argparse.Namespace, trace: traces.Trace, reqs: list[workloads.Request], name: str, gpu: str | None
-) -> ContenderRun:
+def run_one(args: argparse.Namespace, replays: Sequence[Replay], name: str, gpu: str | None) -> list[ContenderRun]:
+    """One contender's server replays every trace; the radix cache is flushed between
+    traces, so a trace does not start with the previous one's prompts cached."""
     c = servers.contender(name, args.draft, args.k_max, args.faser_config, args.faser_ad_config)
     env = dict(c.env) if gpu is None else {**c.env, "CUDA_VISIBLE_DEVICES": gpu}
     where = "" if gpu is None else f" on GPU {gpu}"
     t0 = time.monotonic()
+    runs = []
     with servers.launch(args.target, (*args.server_args, *c.args), env=env, timeout=1200) as server:
-        print(f"[ab] {name}: ready in {time.monotonic() - t0:.0f}s{where}; replaying {len(reqs)} requests", flush=True)
-        replay(server.base_url, reqs[:4], [0.0] * min(4, len(reqs)), GREEDY)  # warm-up
-        result = replay(server.base_url, reqs, list(trace.arrivals), GREEDY)
-    failed = [t for t in result.timings if t.error]
-    if failed:
-        raise RuntimeError(f"{name}: {len(failed)} requests failed, e.g. {failed[0].error}")
+        print(f"[ab] {name}: ready in {time.monotonic() - t0:.0f}s{where}", flush=True)
+        warm = replays[0].reqs[:4]
+        replay(server.base_url, warm, [0.0] * len(warm), GREEDY)
+        for i, r in enumerate(replays):
+            servers.flush_cache(server.base_url)
+            what = "main trace" if r.rate is None else f"Poisson {r.rate:g} req/s"
+            print(f"[ab] {name}: {what}, {len(r.reqs)} requests", flush=True)
+            result = replay(server.base_url, r.reqs, list(r.trace.arrivals), GREEDY)
+            failed = [t for t in result.timings if t.error]
+            if failed:
+                raise RuntimeError(f"{name} ({what}): {len(failed)} requests failed, e.g. {failed[0].error}")
+            runs.append(ContenderRun(name, result))
     print(f"[ab] {name}: done in {time.monotonic() - t0:.0f}s{where}", flush=True)
-    return ContenderRun(name, result)
+    return runs
 
 
 def records(run: ContenderRun, trace: traces.Trace, reqs: list[workloads.Request]) -> list[rep.RequestRecord]:
@@ -178,21 +209,17 @@ def build(args: argparse.Namespace, runs: list[ContenderRun], trace, reqs) -> re
 
 
 def rate_sweep(
-    args: argparse.Namespace, trace: traces.Trace, reqs: list[workloads.Request], runs: list[ContenderRun]
+    args: argparse.Namespace, replays: Sequence[Replay], runs: Sequence[Sequence[ContenderRun]]
 ) -> dict[float, list]:
     """Per-contender summaries at each ``--sweep-rates`` rate (Poisson), for
-    rate_sweep.png. A Poisson main trace is the point at its own rate: it is not
-    replayed again."""
+    rate_sweep.png; a Poisson main trace is the point at its own rate."""
     if not args.sweep_rates:
         return {}
     sweep = {}
-    if args.trace == "poisson":
-        sweep[args.rate] = rep.summarize([x for run in runs for x in records(run, trace, reqs)])
-    for rate in args.sweep_rates:
-        if rate not in sweep:
-            t = build_trace(args, rate)
-            r = requests_for(t, args)
-            sweep[rate] = rep.summarize([x for run in run_contenders(args, t, r) for x in records(run, t, r)])
+    for r, replay_runs in zip(replays, runs):
+        rate = args.rate if r.rate is None else r.rate
+        if r.rate is not None or args.trace == "poisson":
+            sweep[rate] = rep.summarize([x for run in replay_runs for x in records(run, r.trace, r.reqs)])
     return dict(sorted(sweep.items()))
 
 
@@ -231,11 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     trace = build_trace(args)
     traces.plot_trace(trace, args.out / "trace.png")
     reqs = requests_for(trace, args)
-    runs = run_contenders(args, trace, reqs)
+    replays = plan_replays(args, trace, reqs)
+    runs_by_replay = run_contenders(args, replays)
+    runs = runs_by_replay[0]
     report = build(args, runs, trace, reqs)
     mismatches = greedy_mismatches(runs)
 
-    sweep = rate_sweep(args, trace, reqs, runs)
+    sweep = rate_sweep(args, replays, runs_by_replay)
     if sweep:
         rep.plot_rate_sweep(sweep, args.out / "rate_sweep.png")
 

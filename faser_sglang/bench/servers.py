@@ -158,6 +158,13 @@ def launch(
     return server
 
 
+def flush_cache(base_url: str, wait: float = 60.0) -> None:
+    """Empty the server's radix cache (waits up to ``wait`` s for it to go idle)."""
+    r = requests.post(f"{base_url}/flush_cache", params={"timeout": wait}, timeout=wait + 30)
+    if not r.ok:
+        raise RuntimeError(f"{base_url}/flush_cache: HTTP {r.status_code}: {r.text.strip()}")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((HOST, 0))
