@@ -6,7 +6,7 @@
         [--contenders no-spec no-spec-control standalone-k1 standalone-k3 standalone-k5 standalone-k7 \
                       ngram adaptive faser faser-ad] \
         [--faser-config F] [--faser-ad-config F] [--gpus 0 1] \
-        [--sweep-rates 1 4 16] [--quick] [--server-args ...]
+        [--sweep-rates 1 4 16] [--sweep-duration 30] [--quick] [--server-args ...]
 
 Contenders are real SGLang servers launched one after another on the same GPU (or,
 with ``--gpus``, dealt onto one lane per GPU of the same machine, lanes running at
@@ -62,8 +62,10 @@ class ContenderRun:
 
 
 def build_trace(args: argparse.Namespace, rate: float | None = None) -> traces.Trace:
-    if rate is not None or args.trace == "poisson":
-        return traces.poisson(rate or args.rate, duration=args.duration, seed=args.seed)
+    if rate is not None:
+        return traces.poisson(rate, duration=args.sweep_duration or args.duration, seed=args.seed)
+    if args.trace == "poisson":
+        return traces.poisson(args.rate, duration=args.duration, seed=args.seed)
     return traces.bursty(
         args.rate,
         args.peak_to_valley,
@@ -241,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--burst-min", type=float, default=5.0)
     p.add_argument("--burst-max", type=float, default=60.0)
     p.add_argument("--sweep-rates", type=float, nargs="*", default=[], help="also run Poisson at these rates")
+    p.add_argument("--sweep-duration", type=float, default=None, help="seconds per sweep rate (default --duration)")
     p.add_argument("--contenders", nargs="+", default=list(ALL_CONTENDERS))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="60 s trace, three contenders")

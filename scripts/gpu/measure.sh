@@ -13,8 +13,9 @@
 #   3     .bundle/gguf/part-02                               background "big": build the cost-faithful
 #                                                            pair (GPU 0); profile its costs once the tests
 #                                                            are done; the bursty A/B (one lane per GPU)
-#                                                            once GPU 1 is free; the rate sweep (Poisson at
-#                                                            6 req/s and SWEEP_RATES); then the TP=2 tests and TP=2 A/B
+#                                                            once GPU 1 is free, each contender's server
+#                                                            then replaying Poisson at SWEEP_RATES (rate
+#                                                            sweep); then the TP=2 tests and TP=2 A/B
 #   4     -                                                  wait for "big" (at most WAIT s), collect;
 #                                                            repeat while it runs
 #
@@ -22,8 +23,9 @@
 #   host  (any time)                                         per-step host cost of every contender on the
 #                                                            tiny pair (scripts/profile_host.py; GPU 0)
 #   host-wait                                                wait for "host" (at most WAIT s)
-# On one GPU the tests run in the background of call 1, the A/B contenders one after
-# another, and the GPU-1 job and TP=2 runs are left out.
+# On one GPU the tests run in the background of call 1 (TESTS_K selects them, e.g.
+# TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
+# the GPU-1 job and TP=2 runs are left out.
 #
 #   FASER_COMMIT=<sha> bash scripts/gpu/measure.sh 1|2|3|4
 set -uo pipefail
@@ -62,9 +64,9 @@ case ${1:?call: 1|2|3|4} in
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
     rm -f $RES/tests.done $RES/gpu1.started $RES/gpu1.done  # markers of an earlier call 1
-    log "background: single-GPU tests on GPU 0"
-    background tests "CUDA_VISIBLE_DEVICES=0 OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k 'not tp2 and not gpu_fuzz' \
-      | tail -15; touch $RES/tests.done"
+    log "background: single-GPU tests on GPU 0 (-k '${TESTS_K:=not tp2 and not gpu_fuzz}')"
+    background tests "CUDA_VISIBLE_DEVICES=0 FASER_GPU_FUZZ_SEEDS=${FUZZ_SEEDS:-8} FASER_GPU_FUZZ_CASES=${FUZZ_CASES:-64} \
+      OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k '$TESTS_K' | tail -40; touch $RES/tests.done"
     if (( NUM_GPUS < 2 )); then
       log "one GPU: nothing in the background beside the tests (timing runs need the GPU to themselves)"
       exit 0
@@ -87,7 +89,7 @@ case ${1:?call: 1|2|3|4} in
     [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
     echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"}" > $RES/faser-ad.json
     LANES=; (( NUM_GPUS >= 2 )) && LANES="--gpus 0 1"
-    rm -f $RES/ab.done $RES/sweep.done $RES/big.done
+    rm -f $RES/ab.done $RES/big.done
     log "background: build pair (GPU 0), profile, A/B (lanes: ${LANES:-one GPU}), TP=2"
     background big "set -eo pipefail
       export FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF
@@ -99,19 +101,15 @@ case ${1:?call: 1|2|3|4} in
         --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64 --long-batch-sizes '' \
         --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
+      # The bursty trace, then throughput and latency vs request rate (Poisson, SWEEP_RATES),
+      # each contender one server replaying all of them.
       python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab \
         $LANES --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad standalone-k1 standalone-k3 standalone-k5 ngram faser} \
         --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
         --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
-        --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20'
-      touch $RES/ab.done
-      # Throughput and latency vs request rate: Poisson arrivals, 30 s per rate and contender.
-      python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/sweep \
-        $LANES --contenders ${SWEEP_CONTENDERS:-no-spec faser-ad standalone-k1 ngram} \
-        --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
-        --trace poisson --rate 6 --duration 30 --sweep-rates ${SWEEP_RATES:-2 12} \
+        --sweep-rates ${SWEEP_RATES:-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
         --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20' || true  # the TP=2 stage runs regardless
-      touch $RES/sweep.done
+      touch $RES/ab.done
       if (( $NUM_GPUS >= 2 )); then
         OUT=$RES/tests-tp2 bash scripts/gpu/run_gpu_tests.sh -k tp2 | tail -15 || true
         python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab-tp2 \
