@@ -32,7 +32,7 @@ fi
 SRC=$(python -c "from faser_sglang.kit.smollm2 import gguf_path; print(gguf_path())")
 rm -rf "$PARTS" && mkdir -p "$PARTS"
 MIB=$((1024 * 1024))
-FIRST=$((64 * MIB - $(stat -c %s .bundle/sglang-gpu.tar.xz) - 2 * MIB))  # 2 MiB for the repo
+FIRST=$((64 * MIB - $(stat -c %s .bundle/sglang-gpu.tar.xz) - 3 * MIB))  # 3 MiB for the repo
 SECOND=$((62 * MIB))
 cut_part() {  # cut_part NAME OFFSET [COUNT]: bytes OFFSET.. of the GGUF
   dd if="$SRC" of="$PARTS/$1" iflag=skip_bytes,count_bytes skip="$2" ${3:+count=$3} bs=4M status=none
