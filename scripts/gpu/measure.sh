@@ -18,6 +18,7 @@
 #                                                            sweep); then the TP=2 tests and TP=2 A/B
 #   4     -                                                  wait for "big" (at most WAIT s), collect;
 #                                                            repeat while it runs
+#   ab    (after call 3)                                     the A/B stage again with other settings
 #
 #   soak  (after call 1)                                     the soak alone (one-GPU machines)
 #   host  (any time)                                         per-step host cost of every contender on the
@@ -55,6 +56,15 @@ TINY_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 64 --mem-fraction-static 0.3 --max
 BIG_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 --max-total-tokens 400000 --mem-fraction-static 0.8"
 export FASER_GPU_RESULTS=$RES/gpu_results.jsonl
 NUM_GPUS=$(nvidia-smi -L | wc -l)
+# The bursty A/B, then throughput and latency vs request rate (Poisson, SWEEP_RATES),
+# each contender one server replaying all of them (calls 3 and "ab").
+AB_CMD="python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab \
+  $( (( NUM_GPUS >= 2 )) && echo --gpus 0 1) \
+  --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad standalone-k1 standalone-k3 standalone-k5 ngram faser} \
+  --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
+  --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
+  --sweep-rates ${SWEEP_RATES:-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
+  --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20' || true"  # later stages run regardless
 
 case ${1:?call: 1|2|3|4} in
   1)
@@ -101,14 +111,7 @@ case ${1:?call: 1|2|3|4} in
         --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64 --long-batch-sizes '' \
         --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
-      # The bursty trace, then throughput and latency vs request rate (Poisson, SWEEP_RATES),
-      # each contender one server replaying all of them.
-      python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab \
-        $LANES --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad standalone-k1 standalone-k3 standalone-k5 ngram faser} \
-        --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
-        --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
-        --sweep-rates ${SWEEP_RATES:-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
-        --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20' || true  # the TP=2 stage runs regardless
+      $AB_CMD
       touch $RES/ab.done
       if (( $NUM_GPUS >= 2 )); then
         OUT=$RES/tests-tp2 bash scripts/gpu/run_gpu_tests.sh -k tp2 | tail -15 || true
@@ -137,6 +140,14 @@ case ${1:?call: 1|2|3|4} in
     python3 -m faser_sglang.bench.soak --target $TINY/target --draft $TINY/draft --out $RES/soak \
       --duration 480 --rate 8 --peak-to-valley 10 --abort-fraction 0.1 --k-max 5 --server-args $TINY_FLAGS \
       2>&1 | grep -v '^\[20' | tail -20 ;;
+  ab)  # the A/B stage again with other settings (after call 3, machine still warm): stops
+       # a running "big" and its servers, keeps the pair and cost file, then waits like call 4
+    pkill -f 'set -eo pipefail'; pkill -f faser_sglang.bench.ab; pkill -f sglang.launch_server
+    nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; sleep 3
+    rm -f $RES/ab.done $RES/big.done
+    log "background: A/B again (${CONTENDERS:-all contenders})"
+    background big "$AB_CMD; touch $RES/ab.done $RES/big.done"
+    wait_for big.done; grep '^\[ab\]' "$RES/big.log" | tail -20 ;;
   4)
     # Wait for "big", at most $WAIT seconds (the call's limit is 600), collecting every
     # minute so a call cut short by the device budget still returns what was measured.
