@@ -31,13 +31,15 @@ rate_sweep.png with ``--sweep-rates``.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from faser_sglang.bench import report as rep
 from faser_sglang.bench import servers, traces, workloads
@@ -105,22 +107,40 @@ def plan_replays(args: argparse.Namespace, trace: traces.Trace, reqs: list[workl
     return replays
 
 
-def run_contenders(args: argparse.Namespace, replays: Sequence[Replay]) -> list[list[ContenderRun]]:
+def run_contenders(
+    args: argparse.Namespace,
+    replays: Sequence[Replay],
+    on_done: Callable[[list[list[ContenderRun]]], None] = lambda runs: None,
+) -> list[list[ContenderRun]]:
     """Every contender replays every trace, in the order given: [replay][contender].
     Each contender is one server that replays the traces one after another (started
     once, not once per trace). With ``--gpus`` the contenders are dealt round-robin
     onto one lane per GPU; a lane runs its contenders one after another and the
-    lanes run at the same time."""
+    lanes run at the same time. ``on_done`` gets the contenders finished so far (in
+    the order given, those that run out of turn held back) after each one."""
     names = [n for n in args.contenders if n not in UNAVAILABLE]
     for name in args.contenders:
         if name in UNAVAILABLE:
             print(f"[ab] {name}: not run: {UNAVAILABLE[name]}", flush=True)
     gpus = args.gpus or [None]
     lanes = [names[i :: len(gpus)] for i in range(len(gpus))]
+    by_name: dict[str, list[ContenderRun]] = {}
+    lock = threading.Lock()
+
+    def in_order() -> list[list[ContenderRun]]:
+        first = list(itertools.takewhile(lambda n: n in by_name, names))
+        return [[by_name[n][i] for n in first] for i in range(len(replays))]
+
+    def lane(names_and_gpu: tuple[list[str], str | None]) -> None:
+        for name in names_and_gpu[0]:
+            runs = run_one(args, replays, name, names_and_gpu[1])
+            with lock:
+                by_name[name] = runs
+                on_done(in_order())
+
     with ThreadPoolExecutor(len(gpus)) as pool:
-        done = list(pool.map(lambda lane: [run_one(args, replays, n, lane[1]) for n in lane[0]], zip(lanes, gpus)))
-    by_name = {runs[0].name: runs for lane in done for runs in lane}
-    return [[by_name[n][i] for n in names] for i in range(len(replays))]
+        list(pool.map(lane, zip(lanes, gpus)))
+    return in_order()
 
 
 def run_one(args: argparse.Namespace, replays: Sequence[Replay], name: str, gpu: str | None) -> list[ContenderRun]:
@@ -225,6 +245,34 @@ def rate_sweep(
     return dict(sorted(sweep.items()))
 
 
+def write_outputs(
+    args: argparse.Namespace, replays: Sequence[Replay], runs_by_replay: list[list[ContenderRun]]
+) -> dict[str, int]:
+    """report.json, table.md, run.json, over_time.png and rate_sweep.png for the
+    contenders in ``runs_by_replay`` ([replay][contender]); returns the greedy
+    mismatches against no-spec."""
+    main_replay, runs = replays[0], runs_by_replay[0]
+    if not runs:
+        return {}
+    report = build(args, runs, main_replay.trace, main_replay.reqs)
+    mismatches = greedy_mismatches(runs)
+    sweep = rate_sweep(args, replays, runs_by_replay)
+    if sweep:
+        rep.plot_rate_sweep(sweep, args.out / "rate_sweep.png")
+    report.write_json(args.out / "report.json")
+    (args.out / "table.md").write_text(report.markdown_table())
+    meta = {
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "requests": len(main_replay.reqs),
+        "contenders_done": [r.name for r in runs],
+        "trace_phase_rates": main_replay.trace.phase_rates(),
+        "greedy_mismatches_vs_no_spec": mismatches,
+        "not_run": {k: v for k, v in UNAVAILABLE.items() if k in args.contenders},
+    }
+    (args.out / "run.json").write_text(json.dumps(meta, indent=1))
+    return mismatches
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True)
@@ -262,27 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     traces.plot_trace(trace, args.out / "trace.png")
     reqs = requests_for(trace, args)
     replays = plan_replays(args, trace, reqs)
-    runs_by_replay = run_contenders(args, replays)
-    runs = runs_by_replay[0]
-    report = build(args, runs, trace, reqs)
-    mismatches = greedy_mismatches(runs)
-
-    sweep = rate_sweep(args, replays, runs_by_replay)
-    if sweep:
-        rep.plot_rate_sweep(sweep, args.out / "rate_sweep.png")
-
-    report.write_json(args.out / "report.json")
-    table = report.markdown_table()
-    (args.out / "table.md").write_text(table)
-    meta = {
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "requests": len(reqs),
-        "trace_phase_rates": trace.phase_rates(),
-        "greedy_mismatches_vs_no_spec": mismatches,
-        "not_run": {k: v for k, v in UNAVAILABLE.items() if k in args.contenders},
-    }
-    (args.out / "run.json").write_text(json.dumps(meta, indent=1))
-    print(table)
+    # Outputs are rewritten after every contender, so a run cut short keeps what it measured.
+    runs_by_replay = run_contenders(args, replays, lambda runs: write_outputs(args, replays, runs))
+    mismatches = write_outputs(args, replays, runs_by_replay)
+    print((args.out / "table.md").read_text())
     for name, n in mismatches.items():
         if name == servers.CONTROL:
             note = "  (no-spec against itself: the noise floor of this check)"

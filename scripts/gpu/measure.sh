@@ -15,7 +15,9 @@
 #                                                            are done; the bursty A/B (one lane per GPU)
 #                                                            once GPU 1 is free, each contender's server
 #                                                            then replaying Poisson at SWEEP_RATES (rate
-#                                                            sweep); then the TP=2 tests and TP=2 A/B
+#                                                            sweep); then the TP=2 tests and TP=2 A/B.
+#                                                            COSTS=<file>: use that cost profile of the
+#                                                            same (seeded) pair instead of profiling
 #   4     -                                                  wait for "big" (at most WAIT s), collect;
 #                                                            repeat while it runs
 #   ab    (after call 3)                                     the A/B stage again with other settings
@@ -64,7 +66,7 @@ AB_CMD="python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS
   --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
   --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
   --sweep-rates ${SWEEP_RATES:-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
-  --server-args $BIG_FLAGS 2>&1 | grep -v '^\[20' || true"  # later stages run regardless
+  --server-args $BIG_FLAGS 2>&1 | grep --line-buffered -v '^\[20' || true"  # later stages run regardless
 
 case ${1:?call: 1|2|3|4} in
   1)
@@ -107,9 +109,10 @@ case ${1:?call: 1|2|3|4} in
         --distill-steps ${DISTILL_STEPS:-500} 2>&1 | tail -20
       cp $MODELS/pair.json $RES/
       while [[ ! -f $RES/tests.done ]]; do sleep 2; done  # GPU 0 to itself before timing
-      CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
+      if [[ -f '${COSTS:-}' ]]; then cp '${COSTS:-}' $RES/costs.json  # an earlier profile of this pair
+      else CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
         --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64 --long-batch-sizes '' \
-        --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20
+        --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20; fi
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
       $AB_CMD
       touch $RES/ab.done
