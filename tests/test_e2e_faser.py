@@ -17,6 +17,7 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from conftest import read_trace, write_faser_config
+from fuzz_utils import faser_flags
 from server_utils import generate, launch_server
 
 pytestmark = pytest.mark.server
@@ -42,14 +43,7 @@ GREEDY = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
 
 def launch_faser(target, draft, env: dict[str, str], *extra_args: str):
     """A FASER server on CPU with K_MAX; ``extra_args`` follow (later flags win)."""
-    return launch_server(
-        target,
-        "--speculative-algorithm", "FASER",
-        "--speculative-draft-model-path", str(draft),
-        "--speculative-num-steps", str(K_MAX),
-        *extra_args,
-        env=env,
-    )  # fmt: skip
+    return launch_server(target, *faser_flags(draft, K_MAX), *extra_args, env=env)
 
 
 @pytest.fixture(scope="module")
