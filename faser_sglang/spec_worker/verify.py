@@ -62,7 +62,12 @@ class VerifyPhase:
             last_only=False,
         )
 
-    def plain_decode(self, batch: ScheduleBatch, bonus: torch.Tensor) -> GenerationBatchResult:
+    def plain_decode(
+        self,
+        batch: ScheduleBatch,
+        bonus: torch.Tensor,  # [bs] int64
+        seq_lens: list[int],  # batch.seq_lens_cpu as a list
+    ) -> GenerationBatchResult:
         """A step where no request drafts: one decode row per request feeds its bonus
         token at position seq_len, through SGLang's model worker (decode CUDA graphs,
         then SGLang's sampler on the batch's sampling info). next_token_ids: [bs]."""
@@ -73,7 +78,7 @@ class VerifyPhase:
             self.chunks.runner,
             sel=None,
             input_ids=bonus,
-            seq_lens_cpu=[n + 1 for n in batch.seq_lens_cpu.tolist()],
+            seq_lens_cpu=[n + 1 for n in seq_lens],
             out_cache_loc=out_cache_loc,
         )
         return self.target_worker.forward_batch_generation(None, forward_batch=fb)

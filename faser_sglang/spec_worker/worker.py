@@ -166,7 +166,7 @@ class FaserWorker(BaseSpecWorker):
         request drafts again."""
         clock.mark("draft")
         clock.label("verify_forward", "plain_decode")
-        out = self.verify_phase.plain_decode(batch, self.verify_phase.bonus_tokens(batch))
+        out = self.verify_phase.plain_decode(batch, self.verify_phase.bonus_tokens(batch), seq_lens)
         clock.mark("verify")
         zeros = [0] * len(rids)
         self.policy.observe(rids, zeros, zeros)
