@@ -45,6 +45,15 @@ def test_unsupported_attention_backend(tiny_models):
     assert "flashinfer" in log
 
 
+def test_deterministic_inference_refused(tiny_models):
+    # triton: a backend SGLang accepts for deterministic inference (it refuses the CPU
+    # default intel_amx itself, before FASER's check runs).
+    args = ("--enable-deterministic-inference", "--attention-backend", "triton")
+    log = _refused(tiny_models.target, *_faser(tiny_models.draft), *args)
+    assert "FASER does not support --enable-deterministic-inference" in log
+    assert "serve without speculation" in log
+
+
 def test_bad_faser_config(tiny_models, tmp_path):
     env = write_faser_config(tmp_path / "bad.json", ema_alpha=2.0)
     log = _refused(tiny_models.target, *_faser(tiny_models.draft), env=env)

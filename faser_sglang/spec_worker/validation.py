@@ -40,6 +40,12 @@ def validate_server_args(server_args) -> None:
             f"FASER drafts chains, not trees: --speculative-eagle-topk must be 1 "
             f"(or unset), got {topk}."
         )
+    if server_args.enable_deterministic_inference:
+        raise ValueError(
+            "FASER does not support --enable-deterministic-inference: its draft and verify "
+            "forwards are not batch-invariant and its sampling does not use SGLang's "
+            "per-request seeds. Remove the flag, or serve without speculation."
+        )
     for backend in _attention_backends(server_args):
         if backend not in SUPPORTED_ATTENTION_BACKENDS:
             raise ValueError(
