@@ -33,8 +33,13 @@ def test_ab_quick_run_writes_report(tiny_models, tmp_path, cpu_server_env):
     )  # fmt: skip
     assert rc == 0
     # Each contender's one server also replayed the Poisson sweep point (cache flushed between).
-    for name in ("report.json", "table.md", "trace.png", "over_time.png", "run.json", "rate_sweep.png"):
+    for name in ("report.json", "table.md", "trace.png", "over_time.png", "run.json", "rate_sweep.png", "sweep.json"):
         assert (out / name).stat().st_size > 0, name
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [s["contender"] for s in sweep["3.0"]] == ["no-spec", "no-spec-control", "standalone-k3", "faser"]
+    # Each server's batch lines are kept; FASER's also carry its length histogram.
+    assert "Decode batch" in (out / "server-logs" / "no-spec.log").read_text()
+    assert "FASER" in (out / "server-logs" / "faser.log").read_text()
     run = json.loads((out / "run.json").read_text())
     # Greedy speculation is lossless: CPU float32 runs must match exactly.
     assert run["greedy_mismatches_vs_no_spec"] == {"no-spec-control": 0, "standalone-k3": 0, "faser": 0}

@@ -317,6 +317,21 @@ def test_drafting_must_beat_the_plain_decode_it_replaces():
     assert a.draft_lens == (0,) * 8 and a.step_seconds == pytest.approx(6e-3)
 
 
+def test_bound_skips_the_walk_only_when_no_draft_can_pay(monkeypatch):
+    """The early exit (every gain over the fastest drafted step) returns the plain decode
+    exactly when the full walk would; near the bound the walk still runs and drafts."""
+    import faser_sglang.spec_worker.adaptive.allocator as alloc
+
+    model = replace(cost(verify_fixed=10e-3, forward=1e-3), plain=PlainCost(6e-3, 0.0, 0.0))
+    walked = []
+    real_argsort = np.argsort
+    monkeypatch.setattr(alloc.np, "argsort", lambda *a, **k: walked.append(1) or real_argsort(*a, **k))
+    low = run_allocate(constant_gains([0.3] * 64, 4), model)  # 64 + 27.4 tokens / 11 ms < 64 / 6 ms
+    assert low.draft_lens == (0,) * 64 and not walked
+    high = run_allocate(constant_gains([0.95] * 64, 4), model)
+    assert sum(high.draft_lens) > 0 and walked
+
+
 def test_respects_the_verify_token_cap():
     """max_drafts (room the CUDA graphs leave) caps sum k_i; within it the allocator
     still picks the best point, checked against brute force."""

@@ -23,8 +23,10 @@ runs under a dynamic trace, and bf16 GPU decoding is not batch-invariant), and i
 in the table the run-to-run spread of the timings. With ``--sweep-rates`` each
 contender's server also replays a Poisson trace at every such rate after the main
 trace (one server start per contender; the radix cache is flushed between traces).
-Outputs in ``--out``: report.json, table.md, trace.png, over_time.png, and
-rate_sweep.png with ``--sweep-rates``.
+Outputs in ``--out``: report.json, table.md, run.json, trace.png, over_time.png,
+rate_sweep.png and sweep.json with ``--sweep-rates``, and server-logs/<contender>.log
+(each server's batch lines: running requests, throughput, FASER's chosen lengths and
+acceptance).
 ``--quick`` (60 s bursty trace; no-spec, standalone-k3, faser) fits one device call.
 """
 
@@ -37,7 +39,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -164,8 +166,21 @@ def run_one(args: argparse.Namespace, replays: Sequence[Replay], name: str, gpu:
             if failed:
                 raise RuntimeError(f"{name} ({what}): {len(failed)} requests failed, e.g. {failed[0].error}")
             runs.append(ContenderRun(name, result))
+        keep_log_lines(server.log_path, args.out / "server-logs" / f"{name}.log")
     print(f"[ab] {name}: done in {time.monotonic() - t0:.0f}s{where}", flush=True)
     return runs
+
+
+# Server log lines worth keeping per contender: SGLang's batch lines (running requests,
+# throughput, accept length), FASER's length histogram and acceptance, and errors.
+LOG_KEEP = ("Prefill batch", "Decode batch", "FASER", "Error", "Traceback", "ready to roll")
+
+
+def keep_log_lines(log: Path, dest: Path) -> None:
+    """Copy the lines of a server log that explain its timings to ``dest``."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with log.open(errors="replace") as src, dest.open("w") as out:
+        out.writelines(line for line in src if any(k in line for k in LOG_KEEP))
 
 
 def records(run: ContenderRun, trace: traces.Trace, reqs: list[workloads.Request]) -> list[rep.RequestRecord]:
@@ -259,6 +274,7 @@ def write_outputs(
     sweep = rate_sweep(args, replays, runs_by_replay)
     if sweep:
         rep.plot_rate_sweep(sweep, args.out / "rate_sweep.png")
+        (args.out / "sweep.json").write_text(json.dumps({str(r): [asdict(x) for x in s] for r, s in sweep.items()}, indent=1))
     report.write_json(args.out / "report.json")
     (args.out / "table.md").write_text(report.markdown_table())
     meta = {

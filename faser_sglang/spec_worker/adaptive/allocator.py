@@ -34,7 +34,10 @@ repeated for each depth cap 1..K_max (items deeper than the cap left out), so de
 items of one excellent request cannot force a forward the others do not need. A cap on
 the total drafts (the verify tokens the CUDA graphs hold) ends every walk early. All
 of it is a sort of bs * K_max items and a few vectorised passes over [K_max, bs *
-K_max] arrays: ~0.1-0.5 ms for bs <= 256, K_max = 8 (tests print the timings).
+K_max] arrays: ~0.1-0.5 ms for bs <= 256, K_max = 8 (tests print the timings). Before
+any of it, a bound (every gain taken, at the price of the fastest drafted step: one
+verify token and one draft forward) returns the plain decode when no draft can pay,
+which at high load is most steps.
 
 Worked example, two requests, K_max = 2, costs in ms: verify 10 + 2 per token
 beyond 2 tokens (compute-bound past bs), one draft forward 1, no per-row draft
@@ -88,10 +91,17 @@ def allocate(
     bs, k_max = gains.shape
     seq_lens = np.asarray(seq_lens, np.float64)
     d = cost.draft
-    verify = cost.verify.time(bs, bs + np.arange(bs * k_max + 1), float(seq_lens.sum()))  # [M+1]
     no_draft = Allocation((0,) * bs, float(bs), cost.no_draft_time(seq_lens))
     if bs == 0 or k_max == 0 or max_drafts == 0:
         return no_draft
+    # Any step with a draft emits at most every gain and takes at least one verify token
+    # and one draft forward (costs are non-negative): when even that does not beat the
+    # plain decode, nothing does. This is the regime of high load, where it saves the walk.
+    context = float(seq_lens.sum())
+    fastest_draft = cost.verify.time(bs, bs + 1, context) + d.extend_forward
+    if (bs + float(gains.sum())) / fastest_draft <= no_draft.tokens_per_second:
+        return no_draft
+    verify = cost.verify.time(bs, bs + np.arange(bs * k_max + 1), context)  # [M+1]
 
     own = np.empty((bs, k_max))  # [bs, K] item's own draft cost c[i, j]
     own[:] = (d.row_step + d.context_row_step * seq_lens)[:, None]
