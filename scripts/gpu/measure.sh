@@ -5,8 +5,8 @@
 # call leaves everything measured so far in $OUT/results.tgz.
 #
 #   call  carry                                              what runs
-#   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; background: the single-GPU tests
-#         .bundle/gguf/SHA256                                (GPU 0) and, on GPU 1, the differential
+#   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; background: kernel warm-up and
+#         .bundle/gguf/SHA256                                the single-GPU tests (GPU 0) and, on GPU 1, the differential
 #                                                            fuzzer (GPU1_JOB=fuzz, default; FUZZ_SEEDS x
 #                                                            FUZZ_CASES) or the 8-minute soak (GPU1_JOB=soak)
 #   2     .bundle/gguf/part-01                               receive the second GGUF part
@@ -38,6 +38,7 @@ OUT=${OUT:-$PWD/gpu-out}
 RES=/tmp/faser-results
 TINY=/tmp/faser-tiny
 MODELS=/tmp/faser-models
+WARM=/tmp/faser-warm
 mkdir -p "$OUT" "$RES"
 log() { echo "[measure $(date -u +%T)] $*" | tee -a "$RES/measure.log"; }
 collect() { tar czf "$OUT/results.tgz" -C "$RES" . && log "collected: $(du -sh "$RES" | cut -f1)"; }
@@ -75,7 +76,20 @@ case ${1:?call: 1|2|3|4} in
     bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log"
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
-    rm -f $RES/tests.done $RES/gpu1.started $RES/gpu1.done  # markers of an earlier call 1
+    rm -f $RES/tests.done $RES/warm.done $RES/gpu1.started $RES/gpu1.done  # markers of an earlier call 1
+    # Kernel warm-up: a fresh machine compiles attention and sampling kernels on the first
+    # server start (~4.5 min for the 7B target). Tiny models widened to the cost-faithful
+    # pair's attention shapes (head_dim, GQA groups; 2 layers) compile them now, while
+    # the GGUF travels and the pair is built; timing waits for warm.done.
+    log "background: kernel warm-up (shape twins of the cost-faithful pair; no-spec, faser, standalone-k1, ngram)"
+    background warm "python3 scripts/build_models.py widen $TINY/target $WARM/target --hidden 4096 \
+        --intermediate 14336 --heads 64 --kv-heads 16 >/dev/null \
+      && python3 scripts/build_models.py widen $TINY/target $WARM/draft --hidden 1024 --intermediate 4096 \
+        --heads 16 --kv-heads 4 >/dev/null \
+      && python3 -m faser_sglang.bench.quick --target $WARM/target --draft $WARM/draft \
+        --contenders no-spec faser standalone-k1 ngram --concurrency 8 --num-prompts 16 --max-new-tokens 16 \
+        --server-args $SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 \
+        --mem-fraction-static 0.15 --max-total-tokens 50000 2>&1 | grep -v '^\[20' | tail -8; touch $RES/warm.done"
     log "background: single-GPU tests on GPU 0 (-k '${TESTS_K:=not tp2 and not gpu_fuzz}')"
     background tests "CUDA_VISIBLE_DEVICES=0 FASER_GPU_FUZZ_SEEDS=${FUZZ_SEEDS:-8} FASER_GPU_FUZZ_CASES=${FUZZ_CASES:-64} \
       OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k '$TESTS_K' | tail -40; touch $RES/tests.done"
@@ -108,7 +122,7 @@ case ${1:?call: 1|2|3|4} in
       CUDA_VISIBLE_DEVICES=0 python3 scripts/build_models.py pair $MODELS --preset cost-faithful \
         --distill-steps ${DISTILL_STEPS:-500} 2>&1 | tail -20
       cp $MODELS/pair.json $RES/
-      while [[ ! -f $RES/tests.done ]]; do sleep 2; done  # GPU 0 to itself before timing
+      while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself before timing
       if [[ -f '${COSTS:-}' ]]; then cp '${COSTS:-}' $RES/costs.json  # an earlier profile of this pair
       else CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
         --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64 --long-batch-sizes '' \
