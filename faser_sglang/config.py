@@ -24,6 +24,7 @@ CONFIG_ENV = "FASER_CONFIG"
 
 POLICIES = ("ema", "fixed", "adaptive", "random")
 CHUNK_FORWARDS = ("auto", "decode_rows", "extend")
+DRAFT_PREFILLS = ("auto", "eager", "lazy")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,18 @@ class FaserConfig:
     # EXTEND forward, eager) or "auto" (decode rows whenever the model's decode CUDA
     # graphs fit them). spec_worker/chunk_forward.py explains both.
     chunk_forward: str = "auto"
+    # When the draft model reads a new request's prompt: "eager" (in the prefill step,
+    # next to the target), "lazy" (only when the request first drafts: its catch-up
+    # feeds the whole sequence, a cost the adaptive policy prices, and a request that
+    # never drafts never runs the draft) or "auto" (lazy for the adaptive policy, eager
+    # for the others).
+    draft_prefill: str = "auto"
+
+    @property
+    def lazy_draft_prefill(self) -> bool:
+        if self.draft_prefill == "auto":
+            return self.policy == "adaptive"
+        return self.draft_prefill == "lazy"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -65,6 +78,10 @@ class FaserConfig:
         if self.chunk_forward not in CHUNK_FORWARDS:
             raise ValueError(
                 f"FASER config 'chunk_forward' must be one of {CHUNK_FORWARDS}, got {self.chunk_forward!r}"
+            )
+        if self.draft_prefill not in DRAFT_PREFILLS:
+            raise ValueError(
+                f"FASER config 'draft_prefill' must be one of {DRAFT_PREFILLS}, got {self.draft_prefill!r}"
             )
         _check_range("ema_alpha", self.ema_alpha, 0.0, 1.0, low_open=True)
         _check_range("prior_accept_rate", self.prior_accept_rate, 0.0, 1.0)

@@ -38,11 +38,19 @@ def test_json_and_toml(tmp_path, monkeypatch):
         ({"min_token_value": float("nan")}, "min_token_value"),
         ({"prior_strength": float("nan")}, "prior_strength"),
         ({"trace_path": "/nonexistent-dir/trace.jsonl"}, "trace_path"),
+        ({"draft_prefill": "later"}, "draft_prefill"),
     ],
 )
 def test_bad_values_name_the_key(data, key):
     with pytest.raises(ValueError, match=key):
         FaserConfig.from_mapping(data)
+
+
+def test_draft_prefill_auto_is_lazy_for_the_adaptive_policy_only():
+    assert FaserConfig(policy="adaptive").lazy_draft_prefill
+    assert not FaserConfig(policy="ema").lazy_draft_prefill
+    assert FaserConfig(policy="ema", draft_prefill="lazy").lazy_draft_prefill
+    assert not FaserConfig(policy="adaptive", draft_prefill="eager").lazy_draft_prefill
 
 
 def test_missing_or_unparsable_file(tmp_path):

@@ -288,6 +288,36 @@ def test_decode_rows_verify_and_catch_up_are_lossless(nospec, tiny_models, tmp_p
     assert any(s["verify_forward"] == "decode_rows" for s in steps)
 
 
+def test_lazy_draft_prefill_catches_up_from_the_first_token(nospec, tiny_models, tmp_path):
+    """With draft_prefill = "lazy" the draft skips prefills; a request's first draft
+    catches up over its whole sequence. The identity pair proves the catch-up gives the
+    draft the exact prefix (every draft accepted); the tiny pair with random lengths
+    (some requests start drafting many steps in) is lossless: greedy output equals no
+    speculation and sampled output follows the target."""
+    trace = tmp_path / "identity.jsonl"
+    env = write_faser_config(tmp_path / "identity.json", policy="fixed", draft_prefill="lazy", trace_path=str(trace))
+    with launch_faser(tiny_models.identity, tiny_models.identity, env) as server:
+        generate(server.base_url, PROMPTS[:6], {"max_new_tokens": 13, "temperature": 0, "ignore_eos": True})
+    steps = read_trace(trace)
+    first = {}
+    for s in steps:
+        for rid, d, k in zip(s["rids"], s["draft_kv_lens"], s["draft_lens"]):
+            first.setdefault(rid, (d, k))
+    # Six requests, plus the server's own health-check generations.
+    assert len(first) >= 6 and all(d == 0 and k > 0 for d, k in first.values())
+    assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
+
+    trace = tmp_path / "random.jsonl"
+    env = write_faser_config(tmp_path / "random.json", policy="random", draft_prefill="lazy", trace_path=str(trace), seed=5)
+    reference = ids(generate(nospec.base_url, PROMPTS, GREEDY))
+    with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
+        assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference
+        assert_second_token_follows_target(tiny_models, server.base_url)
+    late = [n for s in read_trace(trace) for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"])
+            if d == 0 and k > 0]  # fmt: skip
+    assert late, "no request caught up from the first token"
+
+
 def test_steps_without_drafts_are_plain_decode_steps(nospec, tiny_models, tmp_path):
     """A policy that never drafts (ema with min_token_value 0.999 keeps every k_i at 0):
     every step is a plain decode through SGLang's model worker and sampler. Greedy

@@ -97,22 +97,29 @@ class FaserWorker(BaseSpecWorker):
         return self._decode(batch)
 
     def _prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
-        """Target prefill samples each request's first token; the draft model
-        prefills the same tokens into its own KV so drafting can start next step."""
+        """Target prefill samples each request's first token. Eager draft prefill: the
+        draft model prefills the same tokens into its own KV so drafting can start next
+        step. Lazy: the draft does not run; each request's draft KV starts empty (also
+        for a prefix from the radix cache, whose draft KV a lazy request may never have
+        filled) and its first draft's catch-up feeds the whole sequence."""
         result = self._target_worker.forward_batch_generation(batch)
-        draft_view = _without_spec_info(batch)
-        fb = ForwardBatch.init_new(
-            draft_view,
-            self.draft_runner,
-            capture_hidden_mode=CaptureHiddenMode.NULL,
-            return_hidden_states_before_norm=False,
-        )
-        fb.return_logprob = False
-        self.draft_runner.forward(fb)
+        if self.config.lazy_draft_prefill:
+            draft_kv_lens = [0] * len(batch.reqs)
+        else:
+            draft_view = _without_spec_info(batch)
+            fb = ForwardBatch.init_new(
+                draft_view,
+                self.draft_runner,
+                capture_hidden_mode=CaptureHiddenMode.NULL,
+                return_hidden_states_before_norm=False,
+            )
+            fb.return_logprob = False
+            self.draft_runner.forward(fb)
+            draft_kv_lens = batch.seq_lens_cpu.tolist()
         # Spec convention: seq_lens stays the committed length; the sampled token is
         # the bonus token of the first decode step.
         result.new_seq_lens = batch.seq_lens
-        result.next_draft_input = FaserDraftState(batch.seq_lens_cpu.tolist())
+        result.next_draft_input = FaserDraftState(draft_kv_lens)
         return result
 
     def _decode(self, batch: ScheduleBatch) -> GenerationBatchResult:
