@@ -201,6 +201,13 @@ def test_ratios_to_baseline_and_best_of_group(tmp_path):
     assert "best STANDALONE (standalone-k4)" in lines[0]
     assert f"{110.0 / 102.0:.2f}x" in lines[-1] and "0.20x" in lines[-1]
 
+    # Per phase: window throughput against no-spec's and the best STANDALONE's in that phase.
+    phases = rep.phase_table().strip().splitlines()
+    assert phases[0].startswith("| phase | contender |") and len(phases) == 2 + 2 * 4
+    faser_peak = next(line for line in phases if line.startswith("| peak | faser |"))
+    assert "| 300.0 | 3.00x | - |" in faser_peak  # standalone-k4 has no window samples
+    assert report.build_report(records[:101]).phase_table().count("| peak |") == 1
+
     data = json.loads(rep.write_json(tmp_path / "report.json").read_text())
     assert data["best_of"] == {"best STANDALONE": "standalone-k4"}
     assert len(data["summaries"]) == 4
@@ -233,19 +240,27 @@ def test_gpu_lanes_deal_contenders_round_robin_and_keep_order(monkeypatch):
     seen: list[tuple[str, str | None, str]] = []
     both_lanes_started = threading.Barrier(2, timeout=10)
 
-    def fake_run_one(args, trace, reqs, name, gpu):
+    def fake_run_one(args, replays, name, gpu):
         seen.append((name, gpu, threading.current_thread().name))
         if name in ("no-spec", "standalone-k1"):  # each lane's first: passes only if the lanes overlap
             both_lanes_started.wait()
-        return ab.ContenderRun(name, ReplayResult([], [], 0.0))
+        return [ab.ContenderRun(name, ReplayResult([], [], float(i))) for i in range(len(replays))]
 
     monkeypatch.setattr(ab, "run_one", fake_run_one)
     names = ["no-spec", "standalone-k1", "adaptive", "standalone-k3", "faser", "faser-ad"]
     args = argparse.Namespace(contenders=names, gpus=["0", "1"])
-    runs = ab.run_contenders(args, trace=None, reqs=[])
-    assert [r.name for r in runs] == ["no-spec", "standalone-k1", "standalone-k3", "faser", "faser-ad"]
+    progress: list[list[str]] = []
+    replays = ["main", "sweep"]  # run_one only counts them here
+    runs = ab.run_contenders(args, replays, lambda done: progress.append([r.name for r in done[0]]))
+    expected = ["no-spec", "standalone-k1", "standalone-k3", "faser", "faser-ad"]
+    assert [[r.name for r in per_replay] for per_replay in runs] == [expected, expected]  # [replay][contender]
+    assert [r.result.duration for r in runs[1]] == [1.0] * 5  # each contender's second replay
     lane = {name: gpu for name, gpu, _ in seen}
     assert lane == {"no-spec": "0", "standalone-k3": "0", "faser-ad": "0", "standalone-k1": "1", "faser": "1"}
+    # After every contender, the finished ones in the given order (a later one waits for
+    # those before it): each report is a prefix of the contender list, ending complete.
+    assert len(progress) == 5 and progress[-1] == expected
+    assert all(p == expected[: len(p)] for p in progress)
 
 
 def test_soak_plan_mixes_sampling_and_aborts_and_is_seeded():

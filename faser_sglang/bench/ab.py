@@ -276,7 +276,8 @@ def write_outputs(
         rep.plot_rate_sweep(sweep, args.out / "rate_sweep.png")
         (args.out / "sweep.json").write_text(json.dumps({str(r): [asdict(x) for x in s] for r, s in sweep.items()}, indent=1))
     report.write_json(args.out / "report.json")
-    (args.out / "table.md").write_text(report.markdown_table())
+    phases = report.phase_table()
+    (args.out / "table.md").write_text(report.markdown_table() + (f"\nPer load phase:\n\n{phases}" if phases else ""))
     meta = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "requests": len(main_replay.reqs),

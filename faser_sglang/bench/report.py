@@ -143,6 +143,40 @@ class Report:
             rows.append(row)
         return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
 
+    def phase_table(self) -> str:
+        """One row per load phase and contender (bursty traces: peak and valley), with
+        throughput as a ratio to the baseline's and each group best's in the same phase.
+        Empty when the run has a single phase."""
+        phases = sorted({p for s in self.summaries for p in s.phases})
+        if len(phases) < 2:
+            return ""
+        by_name = {s.contender: s for s in self.summaries}
+        refs = [self.baseline, *self.best_of.values()]
+        header = ["phase", "contender", "requests", "tok/s", *(f"tok/s vs {r}" for r in refs),
+                  "TTFT p50/p99 ms", "TPOT p50/p99 ms"]  # fmt: skip
+        rows = [header, ["---"] * len(header)]
+        for phase in phases:
+            for s in self.summaries:
+                ph = s.phases.get(phase)
+                if ph is None:
+                    continue
+                row = [phase, s.contender, str(ph.requests), _num(ph.throughput, "{:.1f}")]
+                for r in refs:
+                    ref = by_name[r].phases.get(phase)
+                    ok = ph.throughput is not None and ref is not None and ref.throughput
+                    row.append(f"{ph.throughput / ref.throughput:.2f}x" if ok else "-")
+                row += [_ms(ph.ttft, "{:.0f}"), _ms(ph.tpot, "{:.1f}")]
+                rows.append(row)
+        return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
+
+
+def _num(value: Optional[float], fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _ms(p: Optional[Percentiles], fmt: str) -> str:
+    return "-" if p is None else f"{fmt.format(p.p50 * 1e3)} / {fmt.format(p.p99 * 1e3)}"
+
 
 def summarize(
     records: Iterable[RequestRecord], windows: Iterable[WindowSample] = ()
