@@ -157,7 +157,7 @@ def run_one(args: argparse.Namespace, replays: Sequence[Replay], name: str, gpu:
         print(f"[ab] {name}: ready in {time.monotonic() - t0:.0f}s{where}", flush=True)
         warm = replays[0].reqs[:4]
         replay(server.base_url, warm, [0.0] * len(warm), GREEDY)
-        for i, r in enumerate(replays):
+        for r in replays:
             servers.flush_cache(server.base_url)
             what = "main trace" if r.rate is None else f"Poisson {r.rate:g} req/s"
             print(f"[ab] {name}: {what}, {len(r.reqs)} requests", flush=True)

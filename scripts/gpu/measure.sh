@@ -114,9 +114,8 @@ case ${1:?call: 1|2|3|4} in
     eval "$(bash scripts/gpu/stage_gguf.sh --receive | tail -1)"
     [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
     echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"}" > $RES/faser-ad.json
-    LANES=; (( NUM_GPUS >= 2 )) && LANES="--gpus 0 1"
     rm -f $RES/ab.done $RES/big.done
-    log "background: build pair (GPU 0), profile, A/B (lanes: ${LANES:-one GPU}), TP=2"
+    log "background: build pair (GPU 0), profile, A/B (one lane per GPU: $NUM_GPUS), TP=2"
     background big "set -eo pipefail
       export FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF
       CUDA_VISIBLE_DEVICES=0 python3 scripts/build_models.py pair $MODELS --preset cost-faithful \
