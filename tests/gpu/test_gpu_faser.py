@@ -54,7 +54,11 @@ VARIANTS = {
         "--attention-backend", "flashinfer", "--dtype", "bfloat16",
         "--cuda-graph-backend-decode", "disabled",
     ),
+    # Lazy draft prefill: the draft reads each prompt at the request's first draft
+    # (its catch-up feeds the whole sequence) instead of at the prefill.
+    "flashinfer-bf16-graphs-lazy": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
 }  # fmt: skip
+CONFIGS = {"flashinfer-bf16-graphs-lazy": {"draft_prefill": "lazy"}}  # FASER config per variant
 PROMPTS = [
     "def foo(x):",
     "import os\n",
@@ -169,7 +173,7 @@ def test_greedy_equals_no_spec(variant, gpu_models, logit_ulp, tmp_path):
     flags = (*BASE_FLAGS, *VARIANTS[variant])
     prompt_ids = _prompt_ids(gpu_models.target)
     trace = tmp_path / "trace.jsonl"
-    env = write_faser_config(tmp_path / "faser.json", trace_path=str(trace))
+    env = write_faser_config(tmp_path / "faser.json", trace_path=str(trace), **CONFIGS.get(variant, {}))
     faser_args = (
         *flags,
         "--speculative-algorithm", "FASER",
@@ -195,6 +199,8 @@ def test_greedy_equals_no_spec(variant, gpu_models, logit_ulp, tmp_path):
     expected = "extend" if variant.endswith("eager") else "decode_rows"
     assert all(s["verify_forward"] == (expected if any(s["draft_lens"]) else "plain_decode") for s in steps)
     assert forwards[expected] > 0
+    if CONFIGS.get(variant, {}).get("draft_prefill") == "lazy":
+        assert steps[0]["draft_kv_lens"] == [0] * len(steps[0]["draft_kv_lens"])  # no draft prefill ran
 
 
 _REFERENCES: dict[str, list[dict]] = {}
