@@ -32,8 +32,12 @@ fi
 SRC=$(python -c "from faser_sglang.kit.smollm2 import gguf_path; print(gguf_path())")
 rm -rf "$PARTS" && mkdir -p "$PARTS"
 MIB=$((1024 * 1024))
-FIRST=$((64 * MIB - $(stat -c %s .bundle/sglang-gpu.tar.xz) - 3 * MIB))  # 3 MiB for the repo
-SECOND=$((62 * MIB))
+# Each call also carries the checkout (tracked and untracked-not-ignored files): leave
+# room for it as it is now plus 2 MiB for results added before the last call.
+REPO=$(git ls-files -z -co --exclude-standard | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+RESERVE=$((REPO + 2 * MIB))
+FIRST=$((64 * MIB - $(stat -c %s .bundle/sglang-gpu.tar.xz) - RESERVE))
+SECOND=$((64 * MIB - RESERVE))
 cut_part() {  # cut_part NAME OFFSET [COUNT]: bytes OFFSET.. of the GGUF
   dd if="$SRC" of="$PARTS/$1" iflag=skip_bytes,count_bytes skip="$2" ${3:+count=$3} bs=4M status=none
 }
