@@ -99,7 +99,7 @@ class FaserStats:
         draft_kv_lens: Sequence[int],
         draft_lens: Sequence[int],
         num_accepted: Sequence[int],
-        started: float,
+        seconds: float,  # the step's wall time (a step may be recorded after the next one started)
         clock: PhaseClock,
     ) -> None:
         self.steps += 1
@@ -116,7 +116,7 @@ class FaserStats:
                 draft_kv_lens,
                 draft_lens,
                 num_accepted,
-                time.perf_counter() - started,
+                seconds,
                 clock.seconds,
                 clock.labels,
             )

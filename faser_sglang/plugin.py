@@ -25,7 +25,8 @@ class FaserSpecAlgo(CustomSpecAlgo):
 
     SGLang 0.5.17's scheduler calls ``need_topk``, ``carries_draft_hidden_states``
     and ``create_future_map`` on the algorithm object, which ``CustomSpecAlgo``
-    does not define; FASER answers them like a non-EAGLE chain drafter.
+    does not define; FASER answers them like a non-EAGLE chain drafter. It runs on
+    SGLang's V2 schema with or without overlap scheduling (worker.py).
     """
 
     def need_topk(self) -> bool:
@@ -43,7 +44,9 @@ class FaserSpecAlgo(CustomSpecAlgo):
     ):
         from sglang.srt.managers.overlap_utils import FutureMap
 
-        return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+        # FASER's policy and batch views read every step's committed lengths on the host,
+        # so the overlap schedule must resolve them there whatever the attention backend.
+        return FutureMap(device, self, req_to_token_pool, True, needs_confidence_relay)
 
     def handle_server_args(self, server_args) -> None:
         validation.handle_server_args(server_args)
@@ -80,7 +83,7 @@ def register() -> None:
         return
     SpeculativeAlgorithm.register(
         ALGORITHM_NAME,
-        supports_overlap=False,
+        supports_overlap=True,
         validate_server_args=validation.validate_server_args,
         spec_class=FaserSpecAlgo,
     )(_worker_factory)

@@ -80,6 +80,23 @@ def test_greedy_equals_no_speculation_with_varying_lengths(nospec, faser, faser_
     assert mixed, "per-request draft lengths never differed inside one batch"
     assert all(0 <= k <= K_MAX for s in steps for k in s["draft_lens"])
     assert all(0 <= a <= k for s in steps for a, k in zip(s["num_accepted"], s["draft_lens"]))
+    assert "overlap schedule=True" in faser.log_tail(2_000_000)  # SGLang's default schedule
+
+
+def test_synchronous_schedule_is_lossless(nospec, tiny_models, tmp_path):
+    """With ``--disable-overlap-schedule`` the same worker settles each step's acceptance
+    before the next one: greedy output equals no speculation, sampled output follows
+    the target, and every step's acceptance is in the trace."""
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy="random", trace_path=str(trace), seed=11)
+    reference = ids(generate(nospec.base_url, PROMPTS, GREEDY))
+    with launch_faser(tiny_models.target, tiny_models.draft, env, "--disable-overlap-schedule") as server:
+        assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference
+        assert_second_token_follows_target(tiny_models, server.base_url)
+        assert "overlap schedule=False" in server.log_tail(2_000_000)
+    steps = read_trace(trace)
+    assert any(any(s["draft_lens"]) for s in steps)
+    assert all(0 <= a <= k for s in steps for a, k in zip(s["num_accepted"], s["draft_lens"]))
 
 
 def test_mixed_sampling_params_in_one_batch(nospec, faser):

@@ -68,12 +68,16 @@ def test_plain_requests_pass():
 
 
 def test_cap_to_remaining():
+    # Emitted tokens are counted from the committed length (seq_len + 1 - prompt): under
+    # the overlap schedule output_ids lags a step behind, so it is left empty here.
+    limits_done = [(100, 10), (9, 5), (9, 7), (9, 8), (None, 50)]
     reqs = [
-        SimpleNamespace(sampling_params=SimpleNamespace(max_new_tokens=m), output_ids=[0] * done)
-        for m, done in [(100, 10), (9, 5), (9, 7), (9, 8), (None, 50)]
+        SimpleNamespace(sampling_params=SimpleNamespace(max_new_tokens=m), origin_input_ids=[1, 2, 3], output_ids=[])
+        for m, _ in limits_done
     ]
+    seq_lens = [3 + done - 1 for _, done in limits_done]
     # remaining 90 -> uncapped; 4 -> k <= 2; 2 -> k = 0; 1 -> k = 0; no limit -> uncapped
-    assert cap_to_remaining([5, 5, 5, 5, 5], reqs) == [5, 2, 0, 0, 5]
+    assert cap_to_remaining([5, 5, 5, 5, 5], reqs, seq_lens) == [5, 2, 0, 0, 5]
 
 
 def test_type_errors_in_sglang_checks_become_value_errors_on_faser_only():

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
-from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_batch import ScheduleBatch
 
 from faser_sglang.layout import RaggedLayout
 from faser_sglang.spec_worker.batch_views import RowSelection, decode_forward_batch
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.sampling import SamplingRows, greedy_tokens, sampling_probs
+from faser_sglang.spec_worker.token_history import TokenHistory
 from faser_sglang.tensors import device_tensor
 
 
@@ -34,17 +35,6 @@ class DraftOutput:
     tokens: torch.Tensor  # [bs, K_max] int64, zero past each row's k_i
     probs: Optional[torch.Tensor]  # [bs, K_max, V] float32 q of each draft; None if all greedy
     draft_kv_lens: list[int]  # [bs] draft KV fill after this phase
-
-
-def committed_tokens(req: Req, start: int, end: int) -> list[int]:
-    """Token ids of positions start..end-1 of a request (prompt then output)."""
-    prompt = req.origin_input_ids
-    n = len(prompt)
-    if end <= n:
-        return list(prompt[start:end])
-    if start >= n:
-        return list(req.output_ids[start - n : end - n])
-    return list(prompt[start:]) + list(req.output_ids[: end - n])
 
 
 class DraftPhase:
@@ -62,6 +52,7 @@ class DraftPhase:
         draft_kv_lens: Sequence[int],
         sampling: SamplingRows,
         generator: Optional[torch.Generator],
+        history: TokenHistory,
     ) -> DraftOutput:
         device = batch.seq_lens.device
         bs = layout.batch_size
@@ -76,7 +67,7 @@ class DraftPhase:
         if not active:
             return DraftOutput(tokens, probs, new_kv_lens)
 
-        logits = self._catch_up(batch, active, seq_lens, draft_kv_lens)  # [len(active), V]
+        logits = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [len(active), V]
         rows = active
         for step in range(max(k[i] for i in active)):
             rows_t = device_tensor(rows, device)
@@ -101,14 +92,17 @@ class DraftPhase:
         active: list[int],
         seq_lens: list[int],
         draft_kv_lens: Sequence[int],
+        history: TokenHistory,
     ) -> torch.Tensor:
         """Feed each active row its missing committed tokens and bonus token. [len(active), V]"""
         starts = [draft_kv_lens[i] for i in active]
         lens = [seq_lens[i] + 1 - draft_kv_lens[i] for i in active]  # committed gap + bonus
-        ids: list[int] = []
-        for i, s, n in zip(active, starts, lens):
-            ids.extend(committed_tokens(batch.reqs[i], s, s + n))
-        input_ids = device_tensor(ids, batch.seq_lens.device)
+        rows: list[int] = []
+        positions: list[int] = []
+        for i, start, n in zip(active, starts, lens):
+            rows.extend([batch.reqs[i].req_pool_idx] * n)
+            positions.extend(range(start, start + n))
+        input_ids = history.gather(rows, positions)  # [sum(lens)]
         return self.chunks.logits(batch, active, starts, lens, input_ids, last_only=True)
 
     def _decode(

@@ -79,9 +79,6 @@ def handle_server_args(server_args) -> None:
             k + 1,
         )
     server_args.speculative_num_draft_tokens = k + 1
-    # FASER's worker runs each step synchronously (its lengths depend on the
-    # previous step's acceptance), so SGLang's overlap scheduler is off.
-    server_args.disable_overlap_schedule = True
     server_args.enable_mixed_chunk = False
 
 

@@ -21,28 +21,12 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from faser_sglang.layout import RaggedLayout
 from faser_sglang.spec_worker.batch_views import decode_forward_batch
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
-from faser_sglang.spec_worker.draft import committed_tokens
-from faser_sglang.tensors import device_tensor
 
 
 class VerifyPhase:
     def __init__(self, chunks: ChunkForward, target_worker: TpModelWorker):
         self.chunks = chunks
         self.target_worker = target_worker
-
-    def bonus_tokens(self, batch: ScheduleBatch) -> torch.Tensor:
-        """[bs] int64: each request's last emitted token (position seq_len)."""
-        seq_lens = batch.seq_lens_cpu.tolist()
-        ids = []
-        for req, n in zip(batch.reqs, seq_lens):
-            total = len(req.origin_input_ids) + len(req.output_ids)
-            if total != n + 1:
-                raise RuntimeError(
-                    f"FASER: request {req.rid} has {total} tokens but seq_len {n}; "
-                    "expected exactly one uncommitted (bonus) token"
-                )
-            ids.extend(committed_tokens(req, n, n + 1))
-        return device_tensor(ids, batch.seq_lens.device)
 
     def run(
         self,

@@ -12,6 +12,15 @@ The scheduler owns KV allocation (it reserves 2 * (K_max + 1) slots past each
 request's committed length before the step), commits ``accept_lens`` tokens per
 request afterwards and frees everything when a request ends; the worker only
 writes into the reserved slots.
+
+Overlap schedule (SGLang's default; ``--disable-overlap-schedule`` runs the same code
+synchronously): the scheduler launches step N+1 before it processes step N, so the
+host learns what step N emitted only while step N+1 runs. The worker therefore reads
+tokens from a device history that every step writes (token_history.py), publishes
+each step's new committed lengths for the scheduler (``on_publish``), derives the
+draft's valid KV fill from those lengths (state.py), and feeds a drafting step's
+acceptance to the policy when the next step starts: lengths are chosen with the
+acceptance of every step but the one still in flight.
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
 
 import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
@@ -32,7 +42,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from faser_sglang.config import FaserConfig
 from faser_sglang.layout import RaggedLayout
-from faser_sglang.metrics import FaserStats
+from faser_sglang.metrics import FaserStats, PhaseClock
 from faser_sglang.spec_worker.accept import AcceptResult, accept
 from faser_sglang.spec_worker.adaptive import deployment_from_runners
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
@@ -41,6 +51,7 @@ from faser_sglang.spec_worker.draft_model import DraftModel
 from faser_sglang.spec_worker.policy import StepContext, draft_room, make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.spec_worker.state import FaserDraftState
+from faser_sglang.spec_worker.token_history import TokenHistory
 from faser_sglang.spec_worker.tp_sync import RankAgreement, shared_seed
 from faser_sglang.spec_worker.validation import check_draft_matches_target
 from faser_sglang.spec_worker.verify import VerifyPhase
@@ -68,7 +79,11 @@ class FaserWorker(BaseSpecWorker):
         self.stats = FaserStats(trace_path=self.config.trace_path if self.agreement.is_src else None)
         seed = shared_seed(self.config.seed, server_args.random_seed)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        logger.info("FASER worker: K_max=%d config=%s", self.k_max, self.config.to_dict())
+        self.overlap = not server_args.disable_overlap_schedule
+        self._pending: Optional[PendingStep] = None
+        logger.info(
+            "FASER worker: K_max=%d overlap schedule=%s config=%s", self.k_max, self.overlap, self.config.to_dict()
+        )
 
     # SGLang lifecycle -------------------------------------------------------
 
@@ -80,11 +95,17 @@ class FaserWorker(BaseSpecWorker):
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
         vocab = self._target_worker.model_runner.model_config.vocab_size
         mode = self.config.chunk_forward
+        self.history = TokenHistory(req_to_token_pool.req_to_token, self.k_max)
         self.draft_phase = DraftPhase(ChunkForward(self.draft_runner, req_to_token_pool, mode), self.k_max, vocab)
         target_chunks = ChunkForward(self._target_worker.model_runner, req_to_token_pool, mode)
         self.verify_phase = VerifyPhase(target_chunks, self._target_worker)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        if self._pending is not None:
+            if self._pending.ready():
+                self._settle()
+            else:
+                self._pending.finished.add(rid)  # its acceptance arrives after it is forgotten
         self.policy.forget(rid)
 
     # One scheduler step -----------------------------------------------------
@@ -92,17 +113,27 @@ class FaserWorker(BaseSpecWorker):
     def forward_batch_generation(
         self, batch: ScheduleBatch, on_publish=None, grammar_barrier=None
     ) -> GenerationBatchResult:
+        """``on_publish`` (overlap schedule): called with the step's new committed
+        lengths as soon as they are on the device, so the scheduler can prepare the
+        next step while this one finishes."""
+        self._settle()
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-            return self._prefill(batch)
-        return self._decode(batch)
+            return self._prefill(batch, on_publish)
+        return self._decode(batch, on_publish)
 
-    def _prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
+    def _prefill(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
         """Target prefill samples each request's first token. Eager draft prefill: the
         draft model prefills the same tokens into its own KV so drafting can start next
         step. Lazy: the draft does not run; each request's draft KV starts empty (also
         for a prefix from the radix cache, whose draft KV a lazy request may never have
         filled) and its first draft's catch-up feeds the whole sequence."""
         result = self._target_worker.forward_batch_generation(batch)
+        self.history.write_prefill(batch, result.next_token_ids)
+        # Spec convention: seq_lens stays the committed length; the sampled token is
+        # the bonus token of the first decode step.
+        result.new_seq_lens = batch.seq_lens
+        if on_publish is not None:
+            on_publish(result.new_seq_lens)
         if self.config.lazy_draft_prefill:
             draft_kv_lens = [0] * len(batch.reqs)
         else:
@@ -116,84 +147,106 @@ class FaserWorker(BaseSpecWorker):
             fb.return_logprob = False
             self.draft_runner.forward(fb)
             draft_kv_lens = batch.seq_lens_cpu.tolist()
-        # Spec convention: seq_lens stays the committed length; the sampled token is
-        # the bonus token of the first decode step.
-        result.new_seq_lens = batch.seq_lens
-        result.next_draft_input = FaserDraftState(draft_kv_lens)
+        result.next_draft_input = FaserDraftState(draft_kv_lens, bonus_tokens=result.next_token_ids)
         return result
 
-    def _decode(self, batch: ScheduleBatch) -> GenerationBatchResult:
+    def _decode(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
         started = time.perf_counter()
         clock = self.stats.clock(self.device)
         state: FaserDraftState = batch.spec_info
         rids = [req.rid for req in batch.reqs]
         seq_lens = batch.seq_lens_cpu.tolist()
+        draft_kv_lens = state.draft_kv_lens(seq_lens)
         budget = self.verify_phase.chunks.token_budget()
-        context = StepContext(tuple(seq_lens), tuple(state.draft_kv_lens), budget)
-        lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs)
+        context = StepContext(tuple(seq_lens), tuple(draft_kv_lens), budget)
+        lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs, seq_lens)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
+        bonus = self.history.bonus(batch)  # [bs]
         if not any(lengths) and not batch.return_logprob:
             clock.mark("policy")
-            return self._plain_step(batch, rids, seq_lens, state, started, clock)
+            return self._plain_step(batch, rids, seq_lens, draft_kv_lens, bonus, started, clock, on_publish)
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
         sampling = SamplingRows.from_sampling_info(batch.sampling_info, self.server_args.sampling_backend)
         clock.mark("policy")
 
-        drafts = self.draft_phase.run(batch, layout, state.draft_kv_lens, sampling, self.generator)
+        drafts = self.draft_phase.run(batch, layout, draft_kv_lens, sampling, self.generator, self.history)
         self.agreement.tokens(drafts.tokens)
         clock.mark("draft")
-        bonus = self.verify_phase.bonus_tokens(batch)
         clock.label("verify_forward", self.verify_phase.chunks.forward_name(layout.num_verify_tokens))
         logits = layout.to_padded(
             self.verify_phase.run(batch, layout, bonus, drafts.tokens)
         )  # [bs, K+1, V]
         clock.mark("verify")
         result = accept(logits, drafts.tokens, drafts.probs, layout.draft_lens, sampling, self.generator)
-
-        accept_lens = result.accept_lens.tolist()
+        accept_lens = result.accept_lens.to(torch.int32)  # [bs]
+        new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)
+        self.history.write_step(batch.req_pool_indices, batch.seq_lens, result.tokens)
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        last = result.tokens.gather(1, (accept_lens - 1).long().unsqueeze(1)).squeeze(1)  # [bs] next bonus
         clock.mark("accept")
-        num_accepted = [a - 1 for a in accept_lens]
-        self.policy.observe(rids, lengths, num_accepted)
-        self.stats.record(rids, seq_lens, context.draft_kv_lens, lengths, num_accepted, started, clock)
-        # Draft KV stays valid up to the last committed token it was fed.
-        next_kv = [min(d, n + a) for d, n, a in zip(drafts.draft_kv_lens, seq_lens, accept_lens)]
-        return self._result(batch, result, logits, FaserDraftState(next_kv))
+        self._pending = PendingStep.of(rids, seq_lens, draft_kv_lens, lengths, result.accept_lens, started, clock)
+        if not self.overlap:
+            self._settle()  # the synchronous schedule waits for this step's results anyway
+        # Draft KV is valid up to the committed length it was fed (FaserDraftState).
+        return self._result(batch, result, logits, new_seq_lens, FaserDraftState(drafts.draft_kv_lens, last))
 
     def _plain_step(
         self,
         batch: ScheduleBatch,
         rids: list[str],
         seq_lens: list[int],
-        state: FaserDraftState,
+        draft_kv_lens: list[int],
+        bonus: torch.Tensor,  # [bs]
         started: float,
         clock,
+        on_publish,
     ) -> GenerationBatchResult:
         """No request drafts: a plain decode step (verify.py), one token per request.
         The draft model does not run; its KV lags one more token, caught up when the
         request drafts again."""
         clock.mark("draft")
         clock.label("verify_forward", "plain_decode")
-        out = self.verify_phase.plain_decode(batch, self.verify_phase.bonus_tokens(batch), seq_lens)
+        out = self.verify_phase.plain_decode(batch, bonus, seq_lens)
+        self.history.write_step(batch.req_pool_indices, batch.seq_lens, out.next_token_ids.unsqueeze(1))
+        new_seq_lens = batch.seq_lens + 1
+        if on_publish is not None:
+            on_publish(new_seq_lens)
         clock.mark("verify")
         zeros = [0] * len(rids)
         self.policy.observe(rids, zeros, zeros)
-        self.stats.record(rids, seq_lens, state.draft_kv_lens, zeros, zeros, started, clock)
+        self.stats.record(rids, seq_lens, draft_kv_lens, zeros, zeros, time.perf_counter() - started, clock)
         accept_lens = torch.ones_like(batch.seq_lens, dtype=torch.int32)
         return GenerationBatchResult(
             logits_output=out.logits_output,
             next_token_ids=out.next_token_ids,
             accept_lens=accept_lens,
-            new_seq_lens=batch.seq_lens + 1,
-            next_draft_input=FaserDraftState(state.draft_kv_lens),
+            new_seq_lens=new_seq_lens,
+            next_draft_input=FaserDraftState(draft_kv_lens, bonus_tokens=out.next_token_ids),
             speculative_num_draft_tokens=1,
             can_run_cuda_graph=out.can_run_cuda_graph,
         )
+
+    def _settle(self) -> None:
+        """Feed the last drafting step's acceptance to the policy and the statistics.
+
+        Under the overlap schedule this runs when the next step starts (the scheduler
+        has then waited for the step's published lengths, so its acceptance is on the
+        host); synchronously, right after the step."""
+        step, self._pending = self._pending, None
+        if step is None:
+            return
+        accepted = [a - 1 for a in step.accept_lens()]
+        live = [i for i, rid in enumerate(step.rids) if rid not in step.finished]
+        self.policy.observe([step.rids[i] for i in live], [step.lengths[i] for i in live], [accepted[i] for i in live])
+        self.stats.record(step.rids, step.seq_lens, step.draft_kv_lens, step.lengths, accepted, step.seconds, step.clock)
 
     def _result(
         self,
         batch: ScheduleBatch,
         result: AcceptResult,
         logits: torch.Tensor,  # [bs, K+1, V]
+        new_seq_lens: torch.Tensor,  # [bs]
         next_state: FaserDraftState,
     ) -> GenerationBatchResult:
         bs, width = result.tokens.shape
@@ -202,19 +255,52 @@ class FaserWorker(BaseSpecWorker):
         if batch.return_logprob:
             accept_index = torch.arange(bs * width, device=predict.device).view(bs, width)
             compute_spec_v2_logprobs(batch, logits_output, predict, accept_index, self.k_max)
-        accept_lens = result.accept_lens.to(torch.int32)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=predict,
-            accept_lens=accept_lens,
-            new_seq_lens=batch.seq_lens + accept_lens.to(batch.seq_lens.dtype),
+            accept_lens=result.accept_lens.to(torch.int32),
+            new_seq_lens=new_seq_lens,
             next_draft_input=next_state,
             speculative_num_draft_tokens=width,
             can_run_cuda_graph=False,
         )
 
 
-def cap_to_remaining(lengths: list[int], reqs) -> list[int]:
+@dataclass
+class PendingStep:
+    """A drafting step whose acceptance the host reads later (``FaserWorker._settle``)."""
+
+    rids: list[str]
+    seq_lens: list[int]
+    draft_kv_lens: list[int]
+    lengths: list[int]
+    seconds: float
+    clock: PhaseClock
+    copy: torch.Tensor  # [bs] int accept lengths, on the host once ``done`` fires
+    done: Optional[torch.cuda.Event]  # None: ``copy`` is already complete (no CUDA)
+    finished: set[str] = field(default_factory=set)  # rids forgotten before settling
+
+    @classmethod
+    def of(cls, rids, seq_lens, draft_kv_lens, lengths, accept_lens: torch.Tensor, started: float, clock) -> "PendingStep":
+        seconds = time.perf_counter() - started
+        if accept_lens.device.type != "cuda":
+            return cls(rids, seq_lens, draft_kv_lens, lengths, seconds, clock, accept_lens.cpu(), None)
+        copy = torch.empty(accept_lens.shape, dtype=accept_lens.dtype, pin_memory=True)
+        copy.copy_(accept_lens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return cls(rids, seq_lens, draft_kv_lens, lengths, seconds, clock, copy, done)
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.query()
+
+    def accept_lens(self) -> list[int]:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.copy.tolist()
+
+
+def cap_to_remaining(lengths: list[int], reqs, seq_lens: Sequence[int]) -> list[int]:
     """Cap each draft length so that a request only reaches max_new_tokens in a
     one-token step.
 
@@ -222,13 +308,16 @@ def cap_to_remaining(lengths: list[int], reqs) -> list[int]:
     tokens, so a step that crossed the limit with a stop inside it would finish on
     length with the stop text kept, unlike plain decoding. A step emits at most k + 1
     tokens; with k <= remaining - 2 it stays short of the limit, and the last token
-    before the limit comes from a plain (k = 0) step.
+    before the limit comes from a plain (k = 0) step. A request has emitted
+    seq_len + 1 - prompt tokens (the bonus included), counted from the committed
+    length because under the overlap schedule ``req.output_ids`` lags a step behind.
     """
     capped = []
-    for k, req in zip(lengths, reqs):
+    for k, req, n in zip(lengths, reqs, seq_lens):
         limit = req.sampling_params.max_new_tokens
         if limit is not None:
-            k = min(k, max(0, limit - len(req.output_ids) - 2))
+            emitted = n + 1 - len(req.origin_input_ids)
+            k = min(k, max(0, limit - emitted - 2))
         capped.append(k)
     return capped
 

@@ -17,6 +17,10 @@ Why each hook exists:
   then ignores the tokens committed in the previous round and draft decode
   ignores earlier draft tokens, so speculative output diverges from plain
   decoding. The hooks present the right lengths for the duration of the call.
+* SGLang's overlap schedule for speculative decoding records the request-pool
+  indices on the current stream (``Tensor.record_stream``), which PyTorch only
+  implements for accelerator tensors; a CPU has no streams, so recording one on a
+  CPU tensor is made a no-op.
 * NGRAM's JIT-compiled corpus (``ngram_corpus/result.h``) uses ``size_t``
   without including ``<cstddef>``, which g++ 12 rejects; the header is
   force-included when that module is built.
@@ -52,6 +56,7 @@ def register() -> None:
     HookRegistry.register(_PLATFORM_FALLBACKS, _keep_intel_amx, HookType.AROUND)
     _route_pass_list_through_module()
     HookRegistry.register(_LOAD_JIT, _ngram_corpus_with_cstddef, HookType.AROUND)
+    _cpu_record_stream_is_a_no_op()
 
     buggy = _methods_overwriting_seq_lens()
     if "forward_extend" in buggy:
@@ -94,6 +99,20 @@ def _route_pass_list_through_module() -> None:
         return overrides._attention_backend_platform_fallbacks(view)
 
     passes[passes.index(original)] = call_by_name
+
+
+def _cpu_record_stream_is_a_no_op() -> None:
+    original = torch.Tensor.record_stream
+    if getattr(original, "_faser_cpu_harness", False):
+        return
+
+    @functools.wraps(original)
+    def record_stream(tensor: torch.Tensor, stream: Any) -> None:
+        if tensor.device.type != "cpu":
+            original(tensor, stream)
+
+    record_stream._faser_cpu_harness = True  # type: ignore[attr-defined]
+    torch.Tensor.record_stream = record_stream  # type: ignore[method-assign]
 
 
 def _ngram_corpus_with_cstddef(

@@ -1,0 +1,109 @@
+"""The worker's state across steps: device token history, draft KV bound, and the
+acceptance that reaches the policy one step late under the overlap schedule."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from faser_sglang.metrics import FaserStats, PhaseClock
+from faser_sglang.spec_worker.state import FaserDraftState
+from faser_sglang.spec_worker.token_history import TokenHistory
+from faser_sglang.spec_worker.worker import FaserWorker, PendingStep
+
+
+def _req(rid: str, pool_row: int, fill: list[int]):
+    return SimpleNamespace(rid=rid, req_pool_idx=pool_row, get_fill_ids=lambda: fill)
+
+
+def test_token_history_prefill_steps_and_reads():
+    history = TokenHistory(torch.zeros((4, 16), dtype=torch.int32), k_max=3)
+    assert history.ids.shape == (4, 16 + 3 + 1)  # a step writes its whole verify chunk
+    reqs = [_req("a", 1, [5, 6, 7]), _req("b", 3, [8, 9])]
+    prefill = SimpleNamespace(
+        reqs=reqs, req_pool_indices=torch.tensor([1, 3]), seq_lens=torch.tensor([3, 2])
+    )
+    history.write_prefill(prefill, torch.tensor([70, 90]))  # first tokens at positions 3 and 2
+    assert history.bonus(prefill).tolist() == [70, 90]
+    assert history.gather([1, 1, 1, 1, 3, 3, 3], [0, 1, 2, 3, 0, 1, 2]).tolist() == [5, 6, 7, 70, 8, 9, 90]
+
+    # A step: row "a" accepted 2 of 3 drafts (emits 71 72 73, then junk), "b" none (91).
+    tokens = torch.tensor([[71, 72, 73, 0], [91, 0, 0, 0]])
+    history.write_step(prefill.req_pool_indices, prefill.seq_lens, tokens)
+    after = SimpleNamespace(req_pool_indices=torch.tensor([1, 3]), seq_lens=torch.tensor([6, 3]))
+    assert history.bonus(after).tolist() == [73, 91]
+    assert history.gather([1] * 7, list(range(7))).tolist() == [5, 6, 7, 70, 71, 72, 73]
+    # The next step overwrites the junk past the committed length before anyone reads it.
+    history.write_step(after.req_pool_indices, after.seq_lens, torch.tensor([[74], [92]]))
+    assert history.gather([1, 3], [7, 4]).tolist() == [74, 92]
+
+
+def test_draft_kv_bound_resolves_against_the_next_committed_length():
+    state = FaserDraftState([13, 8, 4], bonus_tokens=torch.tensor([1, 2, 3]))
+    # Row 0 drafted 3 at L = 10 and 1 was accepted (L' = 12): its KV at 12 is a rejected draft.
+    assert state.draft_kv_lens([12, 8, 9]) == [12, 8, 4]
+    state.future_indices = torch.tensor([5, 6, 7])
+    state.filter_batch(torch.tensor([0, 2]), [0, 2])
+    assert state.draft_kv_bound == [13, 4]
+    assert state.future_indices.tolist() == [5, 7] and state.bonus_tokens.tolist() == [1, 3]
+    other = FaserDraftState([0], bonus_tokens=torch.tensor([9]))
+    other.future_indices = torch.tensor([2])
+    state.merge_batch(other)
+    assert state.draft_kv_bound == [13, 4, 0]
+    assert state.future_indices.tolist() == [5, 7, 2] and state.bonus_tokens.tolist() == [1, 3, 9]
+
+
+class _Policy:
+    def __init__(self):
+        self.observed: list[tuple[list[str], list[int], list[int]]] = []
+        self.forgotten: list[str] = []
+
+    def observe(self, rids, lengths, accepted):
+        self.observed.append((list(rids), list(lengths), list(accepted)))
+
+    def forget(self, rid):
+        self.forgotten.append(rid)
+
+
+def _worker() -> FaserWorker:
+    worker = FaserWorker.__new__(FaserWorker)  # the state-keeping part only, no models
+    worker.policy = _Policy()
+    worker.stats = FaserStats()
+    worker._pending = None
+    return worker
+
+
+def _pending(rids: list[str], accept_lens: list[int]) -> PendingStep:
+    n = len(rids)
+    return PendingStep.of(rids, [10] * n, [10] * n, [3] * n, torch.tensor(accept_lens), 0.0, PhaseClock(False, "cpu"))
+
+
+def test_acceptance_reaches_the_policy_when_the_next_step_settles():
+    worker = _worker()
+    worker._pending = _pending(["a", "b"], [4, 1])
+    worker._settle()
+    assert worker.policy.observed == [(["a", "b"], [3, 3], [3, 0])]
+    assert worker.stats.steps == 1 and worker.stats.accepted == 3 and worker._pending is None
+    worker._settle()  # nothing pending: nothing observed twice
+    assert len(worker.policy.observed) == 1
+
+
+def test_a_request_forgotten_before_its_step_settles_is_not_observed():
+    worker = _worker()
+    pending = _pending(["a", "b"], [2, 3])
+    pending.ready = lambda: False  # the step is still running on the device
+    worker._pending = pending
+    worker.note_request_finished(rid="a", natural_stop=True)
+    assert worker.policy.forgotten == ["a"] and worker.policy.observed == []
+    worker._settle()
+    assert worker.policy.observed == [(["b"], [3], [2])]  # "a" would get a window back: a leak
+    assert worker.stats.steps == 1  # the statistics still count the whole step
+
+
+def test_a_finished_request_settles_a_completed_step_first():
+    worker = _worker()
+    worker._pending = _pending(["a"], [2])
+    worker.note_request_finished(rid="a", natural_stop=True)
+    assert worker.policy.observed == [(["a"], [3], [1])] and worker.policy.forgotten == ["a"]
+    assert worker._pending is None
