@@ -320,7 +320,10 @@ def test_lazy_draft_prefill_catches_up_from_the_first_token(nospec, tiny_models,
     for s in steps:
         for rid, d, k in zip(s["rids"], s["draft_kv_lens"], s["draft_lens"]):
             first.setdefault(rid, (d, k))
-    # Six requests, plus the server's own health-check generations.
+    # The server's own health-check generations ask for one token: the prefill emits it,
+    # and under the overlap schedule the decode step launched before that result was
+    # processed still carries them (capped to k = 0; SGLang discards its output).
+    first = {rid: dk for rid, dk in first.items() if not rid.startswith("HEALTH_CHECK")}
     assert len(first) >= 6 and all(d == 0 and k > 0 for d, k in first.values())
     assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
 

@@ -116,7 +116,6 @@ class FaserWorker(BaseSpecWorker):
         """``on_publish`` (overlap schedule): called with the step's new committed
         lengths as soon as they are on the device, so the scheduler can prepare the
         next step while this one finishes."""
-        self._settle()
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             return self._prefill(batch, on_publish)
         return self._decode(batch, on_publish)
@@ -151,6 +150,9 @@ class FaserWorker(BaseSpecWorker):
         return result
 
     def _decode(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
+        # The scheduler has waited for the previous step's published lengths, so its
+        # acceptance is on the device already (a prefill does not wait: it does not settle).
+        self._settle()
         started = time.perf_counter()
         clock = self.stats.clock(self.device)
         state: FaserDraftState = batch.spec_info
@@ -230,9 +232,8 @@ class FaserWorker(BaseSpecWorker):
     def _settle(self) -> None:
         """Feed the last drafting step's acceptance to the policy and the statistics.
 
-        Under the overlap schedule this runs when the next step starts (the scheduler
-        has then waited for the step's published lengths, so its acceptance is on the
-        host); synchronously, right after the step."""
+        Under the overlap schedule this runs when the next decode step starts, or when
+        a request finishes and the step is complete; synchronously, right after the step."""
         step, self._pending = self._pending, None
         if step is None:
             return
