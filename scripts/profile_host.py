@@ -14,10 +14,10 @@ too slow to time 128 requests' tokens itself): ``ms/token`` = 1000 x C / (tokens
 the time per decode step when every step emits one token per request.
 
 Contenders: the A/B benchmark's names (no-spec, standalone-k<K>, ngram, faser) plus
-``no-spec-sync`` (no-spec with --disable-overlap-schedule: SGLang's synchronous loop,
-the one FASER runs on) and ``faser-k0`` (FASER whose policy never drafts: every step is
-a plain decode through the FASER worker, so its gap to no-spec-sync is the worker's own
-overhead) and ``faser-k<K>`` (policy ``fixed``: every request drafts K tokens every
+``no-spec-sync`` (no-spec with --disable-overlap-schedule: SGLang's synchronous loop),
+``faser-k0`` (FASER whose policy never drafts: every step is a plain decode through the
+FASER worker, so its gap to no-spec is the worker's own overhead on the overlap
+schedule), ``faser-k0-sync`` (the same on the synchronous loop, against no-spec-sync) and ``faser-k<K>`` (policy ``fixed``: every request drafts K tokens every
 step, the drafting path; its rate counts accepted tokens). With py-spy on PATH, the scheduler process of each contender is sampled for
 --pyspy-seconds at the largest concurrency, and DIR/<contender>.md lists the functions
 that hold the most samples (inclusive and self).
@@ -60,11 +60,13 @@ class Prompt:
 def contender(name: str, draft: str, k_max: int, out: Path) -> servers.Contender:
     if name == "no-spec-sync":
         return servers.Contender(name, ("--disable-overlap-schedule",))
-    if name == "faser-k0":
+    if name in ("faser-k0", "faser-k0-sync"):
         # ema: k_i = largest k with rate**k >= min_token_value; 0.999 keeps every k_i at 0.
         config = out / "faser-k0.json"
         config.write_text(json.dumps({"policy": "ema", "min_token_value": 0.999}))
-        return servers.faser(draft, k_max, str(config), name=name)
+        c = servers.faser(draft, k_max, str(config), name=name)
+        sync = ("--disable-overlap-schedule",) if name == "faser-k0-sync" else ()
+        return servers.Contender(name, (*c.args, *sync), c.env)
     if re.fullmatch(r"faser-k[1-9]\d*", name):
         # policy fixed: every request drafts K_max = K tokens every step (the drafting path).
         config = out / f"{name}.json"

@@ -293,3 +293,13 @@ def test_soak_per_minute_percentiles():
     assert rows[0]["aborted"] == 1 and rows[1]["aborted"] == 0
     assert rows[0]["e2e_p50"] == pytest.approx(29.5)
     assert rows[0]["output_tokens"] == 600
+
+
+def test_faser_ad_contenders_differ_only_in_the_schedule():
+    from faser_sglang.bench import servers
+
+    overlap = servers.contender("faser-ad", "D", 7, faser_ad_config="ad.json")
+    sync = servers.contender("faser-ad-sync", "D", 7, faser_ad_config="ad.json")
+    assert sync.args == (*overlap.args, "--disable-overlap-schedule") and sync.env == overlap.env == {"FASER_CONFIG": "ad.json"}
+    with pytest.raises(ValueError, match="faser-ad-sync needs a FASER_CONFIG"):
+        servers.contender("faser-ad-sync", "D", 7)

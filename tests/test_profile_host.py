@@ -112,3 +112,5 @@ def test_fixed_length_faser_contender_drafts_k_every_step(script, tmp_path):
     assert c.args[c.args.index("--speculative-num-steps") + 1] == "3"
     assert json.loads(Path(c.env["FASER_CONFIG"]).read_text()) == {"policy": "fixed"}
     assert script.contender("no-spec-sync", "D", 7, tmp_path).args == ("--disable-overlap-schedule",)
+    k0, k0_sync = script.contender("faser-k0", "D", 7, tmp_path), script.contender("faser-k0-sync", "D", 7, tmp_path)
+    assert k0_sync.args == (*k0.args, "--disable-overlap-schedule") and k0_sync.env == k0.env

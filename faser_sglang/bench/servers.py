@@ -79,8 +79,9 @@ def contender(
     name: str, draft: str, k_max: int, faser_config: str | None = None, faser_ad_config: str | None = None
 ) -> Contender:
     """A contender by its benchmark name: no-spec, no-spec-control (no-spec served
-    again, for the run-to-run noise floor), standalone-k<K>, ngram, faser or faser-ad
-    (FASER with the adaptive policy's config)."""
+    again, for the run-to-run noise floor), standalone-k<K>, ngram, faser, faser-ad
+    (FASER with the adaptive policy's config) or faser-ad-sync (the same on SGLang's
+    synchronous schedule, ``--disable-overlap-schedule``)."""
     if name == "no-spec":
         return no_spec()
     if name == CONTROL:
@@ -91,10 +92,11 @@ def contender(
         return ngram()
     if name == "faser":
         return faser(draft, k_max, faser_config)
-    if name == "faser-ad":
+    if name in ("faser-ad", "faser-ad-sync"):
         if faser_ad_config is None:
-            raise ValueError("contender faser-ad needs a FASER_CONFIG file with policy 'adaptive'")
-        return faser(draft, k_max, faser_ad_config, name="faser-ad")
+            raise ValueError(f"contender {name} needs a FASER_CONFIG file with policy 'adaptive'")
+        c = faser(draft, k_max, faser_ad_config, name=name)
+        return Contender(name, (*c.args, "--disable-overlap-schedule") if name == "faser-ad-sync" else c.args, c.env)
     raise ValueError(f"unknown contender {name!r}")
 
 

@@ -63,7 +63,7 @@ NUM_GPUS=$(nvidia-smi -L | wc -l)
 # each contender one server replaying all of them (calls 3 and "ab").
 AB_CMD="python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab \
   $( (( NUM_GPUS >= 2 )) && echo --gpus 0 1) \
-  --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad standalone-k1 standalone-k3 standalone-k5 ngram faser} \
+  --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad faser-ad-sync standalone-k1 standalone-k3 standalone-k5 ngram faser} \
   --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
   --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
   --sweep-rates ${SWEEP_RATES:-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
@@ -143,7 +143,7 @@ case ${1:?call: 1|2|3|4} in
       python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null; }
     rm -f $RES/host.done
     background host "CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_host.py --target $TINY/target \
-      --draft $TINY/draft --out $RES/host --contenders ${CONTENDERS:-faser-k0 no-spec-sync no-spec faser standalone-k1} \
+      --draft $TINY/draft --out $RES/host --contenders ${CONTENDERS:-faser-k0 faser-k0-sync no-spec-sync no-spec faser standalone-k1} \
       --concurrency 32 128 --max-new-tokens ${MAX_NEW_TOKENS:-1000} --server-args '$SERVER_FLAGS \
       --cuda-graph-max-bs 128 --max-running-requests 128 --mem-fraction-static 0.3 --max-total-tokens 300000' \
       2>&1 | grep --line-buffered -v '^\[20'; touch $RES/host.done"
