@@ -10,7 +10,7 @@ import torch
 from faser_sglang.metrics import FaserStats, PhaseClock
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.token_history import TokenHistory
-from faser_sglang.spec_worker.worker import FaserWorker, PendingStep
+from faser_sglang.spec_worker.worker import FORGET_AFTER_STEPS, FaserWorker, PendingStep
 
 
 def _req(rid: str, pool_row: int, fill: list[int]):
@@ -71,6 +71,8 @@ def _worker() -> FaserWorker:
     worker.policy = _Policy()
     worker.stats = FaserStats()
     worker._pending = None
+    worker._decode_steps = 0
+    worker._last_seen = {}
     return worker
 
 
@@ -107,3 +109,37 @@ def test_a_finished_request_settles_a_completed_step_first():
     worker.note_request_finished(rid="a", natural_stop=True)
     assert worker.policy.observed == [(["a"], [3], [1])] and worker.policy.forgotten == ["a"]
     assert worker._pending is None
+
+
+def test_requests_no_step_carries_any_more_are_forgotten():
+    """Under the overlap schedule a request that finishes at its prefill rides one decode
+    step and is never reported finished; its policy state must not stay forever."""
+    worker = _worker()
+    worker._note_batch(["done-at-prefill", "long"])
+    for _ in range(FORGET_AFTER_STEPS - 1):
+        worker._note_batch(["long"])
+    assert worker.policy.forgotten == []  # absent fewer than FORGET_AFTER_STEPS steps
+    for _ in range(FORGET_AFTER_STEPS):  # the next sweep
+        worker._note_batch(["long"])
+    assert worker.policy.forgotten == ["done-at-prefill"]
+    worker.note_request_finished(rid="long", natural_stop=True)
+    for _ in range(2 * FORGET_AFTER_STEPS):
+        worker._note_batch([])
+    assert worker.policy.forgotten == ["done-at-prefill", "long"]  # a reported one once
+
+
+def test_draft_state_refuses_mismatched_rows_and_half_a_relay():
+    state = FaserDraftState([3, 4], bonus_tokens=torch.tensor([1, 2]))
+    try:
+        state.draft_kv_lens([5])
+    except RuntimeError as e:
+        assert "2 rows, the batch 1" in str(e)
+    else:
+        raise AssertionError("mismatched rows accepted")
+    state.future_indices = torch.tensor([0, 1])
+    try:
+        state.merge_batch(FaserDraftState([0], bonus_tokens=torch.tensor([3])))
+    except RuntimeError as e:
+        assert "relay" in str(e)
+    else:
+        raise AssertionError("half a relay accepted")

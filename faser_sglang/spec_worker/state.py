@@ -48,6 +48,10 @@ class FaserDraftState(SpecInput):
 
     def draft_kv_lens(self, seq_lens: Sequence[int]) -> list[int]:
         """[bs] valid draft KV fill given the committed lengths of this step."""
+        if len(seq_lens) != len(self.draft_kv_bound):
+            raise RuntimeError(
+                f"FASER draft state has {len(self.draft_kv_bound)} rows, the batch {len(seq_lens)}"
+            )
         return [min(b, n) for b, n in zip(self.draft_kv_bound, seq_lens)]
 
     def filter_batch(
@@ -72,6 +76,10 @@ class FaserDraftState(SpecInput):
 
 
 def _cat(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-    if a is None or b is None:
+    if a is None and b is None:
         return None
+    if a is None or b is None:
+        # Under the overlap schedule both halves carry the relay; losing it would let
+        # the scheduler skip resolving the merged rows' lengths.
+        raise RuntimeError("FASER draft state: merging a batch with relay fields and one without")
     return torch.cat([a, b])

@@ -58,6 +58,10 @@ from faser_sglang.spec_worker.verify import VerifyPhase
 
 logger = logging.getLogger(__name__)
 
+# A request absent from this many decode steps has finished unreported (or waits,
+# retracted, long enough that its acceptance window is stale anyway).
+FORGET_AFTER_STEPS = 1024
+
 
 class FaserWorker(BaseSpecWorker):
     def __init__(self, server_args, gpu_id: int, ps, nccl_port: int, target_worker: TpModelWorker):
@@ -81,6 +85,8 @@ class FaserWorker(BaseSpecWorker):
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.overlap = not server_args.disable_overlap_schedule
         self._pending: Optional[PendingStep] = None
+        self._decode_steps = 0
+        self._last_seen: dict[str, int] = {}  # rid -> last decode step that carried it
         logger.info(
             "FASER worker: K_max=%d overlap schedule=%s config=%s", self.k_max, self.overlap, self.config.to_dict()
         )
@@ -101,6 +107,7 @@ class FaserWorker(BaseSpecWorker):
         self.verify_phase = VerifyPhase(target_chunks, self._target_worker)
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
+        self._last_seen.pop(rid, None)
         if self._pending is not None:
             if self._pending.ready():
                 self._settle()
@@ -157,6 +164,7 @@ class FaserWorker(BaseSpecWorker):
         clock = self.stats.clock(self.device)
         state: FaserDraftState = batch.spec_info
         rids = [req.rid for req in batch.reqs]
+        self._note_batch(rids)
         seq_lens = batch.seq_lens_cpu.tolist()
         draft_kv_lens = state.draft_kv_lens(seq_lens)
         budget = self.verify_phase.chunks.token_budget()
@@ -228,6 +236,22 @@ class FaserWorker(BaseSpecWorker):
             speculative_num_draft_tokens=1,
             can_run_cuda_graph=out.can_run_cuda_graph,
         )
+
+    def _note_batch(self, rids: list[str]) -> None:
+        """Forget the policy state of requests no decode step has carried for
+        FORGET_AFTER_STEPS steps (at the next sweep, every FORGET_AFTER_STEPS). SGLang reports a finish only from decode results; under
+        the overlap schedule a request that finishes at its prefill (one token, or a stop
+        at the first token) still rides the next decode step, is observed there, and is
+        never reported."""
+        self._decode_steps += 1
+        for rid in rids:
+            self._last_seen[rid] = self._decode_steps
+        if self._decode_steps % FORGET_AFTER_STEPS:
+            return
+        horizon = self._decode_steps - FORGET_AFTER_STEPS
+        for rid in [r for r, step in self._last_seen.items() if step <= horizon]:
+            del self._last_seen[rid]
+            self.policy.forget(rid)
 
     def _settle(self) -> None:
         """Feed the last drafting step's acceptance to the policy and the statistics.
