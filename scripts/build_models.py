@@ -28,11 +28,16 @@ target is 14.4 GB in bfloat16)
     and KV-cache bytes per token (16 x 64 = 8 x 128 per layer) match
     Mistral-7B's (heads are 64-dim rather than 128-dim, the head has 49152
     rows rather than 32000); its logits are SmolLM2's.
-    draft: SmolLM2's first 8 layers, distilled against SmolLM2 (whose logits
+    draft: SmolLM2's first 20 layers, distilled against SmolLM2 (whose logits
     the target reproduces exactly, at 1/50 of the cost), widened to hidden
-    1024, intermediate 4096, 16 q / 4 kv heads, 8 real + 16 ballast = 24
+    1024, intermediate 4096, 16 q / 4 kv heads, 20 real + 4 ballast = 24
     layers: 415,286,272 parameters, 5.8% of the target, shaped like
-    Qwen2.5-0.5B (24 layers, hidden 896).
+    Qwen2.5-0.5B (24 layers, hidden 896). The real/ballast split sets how
+    well the draft predicts the target without changing what it costs; an
+    8-layer draft (distilled 500 steps) agreed with the target on 0.62 of
+    held-out code tokens and had 1.33 tokens accepted per one-draft step on
+    HumanEval: too weak for drafting to pay on any speculative method, which
+    says nothing about the methods being compared.
 
 ``cpu`` (small enough for SGLang on a CPU; float32; the distillation takes
 about half an hour on two idle cores)
@@ -102,9 +107,9 @@ PRESETS = {
         target=WideShape(
             hidden_size=4096, intermediate_size=14336, num_heads=64, num_kv_heads=16, ballast_layers=2
         ),
-        draft_layers=8,
+        draft_layers=20,
         draft=WideShape(
-            hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=4, ballast_layers=16
+            hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=4, ballast_layers=4
         ),
         distill=DistillSettings(steps=2000, seq_len=128, batch_size=32, lr=3e-4, code_prompts=2048),
         dtype=torch.bfloat16,

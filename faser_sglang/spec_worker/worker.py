@@ -133,13 +133,17 @@ class FaserWorker(BaseSpecWorker):
         step. Lazy: the draft does not run; each request's draft KV starts empty (also
         for a prefix from the radix cache, whose draft KV a lazy request may never have
         filled) and its first draft's catch-up feeds the whole sequence."""
+        # Spec convention: seq_lens stays the committed length; the sampled token is
+        # the bonus token of the first decode step. Those lengths are known before the
+        # forward, so they are published first: the scheduler prepares the next batch
+        # while the prefill runs (every read of this step's output is on the device,
+        # in stream order).
+        new_seq_lens = batch.seq_lens
+        if on_publish is not None:
+            on_publish(new_seq_lens)
         result = self._target_worker.forward_batch_generation(batch)
         self.history.write_prefill(batch, result.next_token_ids)
-        # Spec convention: seq_lens stays the committed length; the sampled token is
-        # the bonus token of the first decode step.
-        result.new_seq_lens = batch.seq_lens
-        if on_publish is not None:
-            on_publish(result.new_seq_lens)
+        result.new_seq_lens = new_seq_lens
         if self.config.lazy_draft_prefill:
             draft_kv_lens = [0] * len(batch.reqs)
         else:
@@ -217,11 +221,14 @@ class FaserWorker(BaseSpecWorker):
         request drafts again."""
         clock.mark("draft")
         clock.label("verify_forward", "plain_decode")
-        out = self.verify_phase.plain_decode(batch, bonus, seq_lens)
-        self.history.write_step(batch.req_pool_indices, batch.seq_lens, out.next_token_ids.unsqueeze(1))
+        # Every request commits one token: published before the forward, so the
+        # scheduler prepares the next step while this one runs, as it does without
+        # speculation.
         new_seq_lens = batch.seq_lens + 1
         if on_publish is not None:
             on_publish(new_seq_lens)
+        out = self.verify_phase.plain_decode(batch, bonus, seq_lens)
+        self.history.write_step(batch.req_pool_indices, batch.seq_lens, out.next_token_ids.unsqueeze(1))
         clock.mark("verify")
         zeros = [0] * len(rids)
         self.policy.observe(rids, zeros, zeros)

@@ -119,7 +119,7 @@ case ${1:?call: 1|2|3|4} in
     background big "set -eo pipefail
       export FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF
       CUDA_VISIBLE_DEVICES=0 python3 scripts/build_models.py pair $MODELS --preset cost-faithful \
-        --distill-steps ${DISTILL_STEPS:-500} 2>&1 | tail -20
+        --distill-steps ${DISTILL_STEPS:-1000} 2>&1 | tail -20
       cp $MODELS/pair.json $RES/
       while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself before timing
       if [[ -f '${COSTS:-}' ]]; then cp '${COSTS:-}' $RES/costs.json  # an earlier profile of this pair
