@@ -33,7 +33,8 @@ def test_ab_quick_run_writes_report(tiny_models, tmp_path, cpu_server_env):
     )  # fmt: skip
     assert rc == 0
     # Each contender's one server also replayed the Poisson sweep point (cache flushed between).
-    for name in ("report.json", "table.md", "trace.png", "over_time.png", "run.json", "rate_sweep.png", "sweep.json"):
+    for name in ("report.json", "table.md", "trace.png", "over_time.png", "run.json", "requests.jsonl",
+                 "rate_sweep.png", "sweep.json"):
         assert (out / name).stat().st_size > 0, name
     sweep = json.loads((out / "sweep.json").read_text())
     assert [s["contender"] for s in sweep["3.0"]] == ["no-spec", "no-spec-control", "standalone-k3", "faser"]
@@ -44,6 +45,8 @@ def test_ab_quick_run_writes_report(tiny_models, tmp_path, cpu_server_env):
     # Greedy speculation is lossless: CPU float32 runs must match exactly.
     assert run["greedy_mismatches_vs_no_spec"] == {"no-spec-control": 0, "standalone-k3": 0, "faser": 0}
     assert "adaptive" in run["not_run"]
+    records = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    assert len(records) == 4 * run["requests"] and {"arrival", "e2e", "phase"} <= set(records[0])
     table = (out / "table.md").read_text()
     assert "| faser |" in table and "| no-spec-control |" in table
     assert "best STANDALONE (standalone-k3)" in table

@@ -158,6 +158,8 @@ def test_summary_percentiles_throughput_and_accept_length():
     assert by_name["faser"].accept_length == pytest.approx(4.0)
     assert base.phases["peak"].requests == 50 and base.phases["valley"].requests == 51
     assert base.phases["peak"].throughput == pytest.approx(100.0)
+    # Peak = odd arrivals 1..99 (50 x 100 tokens), the last done at 99 + 9.9 s.
+    assert base.phases["peak"].served_throughput == pytest.approx(5000 / (108.9 - 1.0))
     assert by_name["standalone-k2"].phases["peak"].throughput is None
 
 
@@ -201,11 +203,14 @@ def test_ratios_to_baseline_and_best_of_group(tmp_path):
     assert "best STANDALONE (standalone-k4)" in lines[0]
     assert f"{110.0 / 102.0:.2f}x" in lines[-1] and "0.20x" in lines[-1]
 
-    # Per phase: window throughput against no-spec's and the best STANDALONE's in that phase.
+    # Per phase: served throughput against no-spec's and the best STANDALONE's in that
+    # phase (spans 1 s .. 99 s + 10 * 99 * scale), then the mean window throughput.
     phases = rep.phase_table().strip().splitlines()
-    assert phases[0].startswith("| phase | contender |") and len(phases) == 2 + 2 * 4
+    assert phases[0].startswith("| phase | contender | requests | served tok/s |") and len(phases) == 2 + 2 * 4
     faser_peak = next(line for line in phases if line.startswith("| peak | faser |"))
-    assert "| 300.0 | 3.00x | - |" in faser_peak  # standalone-k4 has no window samples
+    assert f"| {5000 / 99.98:.1f} | {107.9 / 99.98:.2f}x | {101.96 / 99.98:.2f}x | 300.0 |" in faser_peak
+    k4_peak = next(line for line in phases if line.startswith("| peak | standalone-k4 |"))
+    assert "x | - |" in k4_peak  # no window samples
     assert report.build_report(records[:101]).phase_table().count("| peak |") == 1
 
     data = json.loads(rep.write_json(tmp_path / "report.json").read_text())

@@ -143,3 +143,47 @@ def test_draft_state_refuses_mismatched_rows_and_half_a_relay():
         assert "relay" in str(e)
     else:
         raise AssertionError("half a relay accepted")
+
+
+class _Forwards:
+    """Target forwards that note how many lengths were published before they ran."""
+
+    def __init__(self, published: list):
+        self.published = published
+        self.published_at_forward: list[int] = []
+
+    def forward_batch_generation(self, batch):  # the target worker's prefill
+        self.published_at_forward.append(len(self.published))
+        return SimpleNamespace(next_token_ids=torch.tensor([40, 41]))
+
+    def plain_decode(self, batch, bonus, seq_lens):  # VerifyPhase.plain_decode
+        self.published_at_forward.append(len(self.published))
+        return SimpleNamespace(next_token_ids=torch.tensor([50, 51]), logits_output=None, can_run_cuda_graph=True)
+
+
+def test_prefill_and_plain_decode_publish_lengths_before_their_forward():
+    """Their committed lengths are known up front (prompt; +1 per request): published
+    first, the scheduler prepares the next step while the GPU runs this one."""
+    published: list[list[int]] = []
+    forwards = _Forwards(published)
+    worker = _worker()
+    worker.history = TokenHistory(torch.zeros((4, 16), dtype=torch.int32), k_max=3)
+    worker.config = SimpleNamespace(lazy_draft_prefill=True)
+    worker._target_worker = forwards
+    worker.verify_phase = forwards
+    on_publish = lambda lens: published.append(lens.tolist())  # noqa: E731
+    batch = SimpleNamespace(
+        reqs=[_req("a", 1, [5, 6, 7]), _req("b", 2, [8, 9])],
+        req_pool_indices=torch.tensor([1, 2]),
+        seq_lens=torch.tensor([3, 2]),
+    )
+    result = worker._prefill(batch, on_publish)
+    assert forwards.published_at_forward == [1] and published == [[3, 2]]
+    assert result.new_seq_lens.tolist() == [3, 2] and result.next_draft_input.bonus_tokens.tolist() == [40, 41]
+
+    bonus = worker.history.bonus(batch)
+    clock = PhaseClock(False, "cpu")
+    step = worker._plain_step(batch, ["a", "b"], [3, 2], [0, 0], bonus, 0.0, clock, on_publish)
+    assert forwards.published_at_forward == [1, 2] and published[1] == [4, 3]
+    assert step.new_seq_lens.tolist() == [4, 3] and step.accept_lens.tolist() == [1, 1]
+    assert worker.history.gather([1, 2], [4, 3]).tolist() == [50, 51]  # next step's bonus tokens

@@ -23,7 +23,8 @@ runs under a dynamic trace, and bf16 GPU decoding is not batch-invariant), and i
 in the table the run-to-run spread of the timings. With ``--sweep-rates`` each
 contender's server also replays a Poisson trace at every such rate after the main
 trace (one server start per contender; the radix cache is flushed between traces).
-Outputs in ``--out``: report.json, table.md, run.json, trace.png, over_time.png,
+Outputs in ``--out``: report.json, table.md, run.json, requests.jsonl (one record per
+request of the main trace), trace.png, over_time.png,
 rate_sweep.png and sweep.json with ``--sweep-rates``, and server-logs/<contender>.log
 (each server's batch lines: running requests, throughput, FASER's chosen lengths and
 acceptance).
@@ -263,7 +264,7 @@ def rate_sweep(
 def write_outputs(
     args: argparse.Namespace, replays: Sequence[Replay], runs_by_replay: list[list[ContenderRun]]
 ) -> dict[str, int]:
-    """report.json, table.md, run.json, over_time.png and rate_sweep.png for the
+    """report.json, table.md, run.json, requests.jsonl, over_time.png and rate_sweep.png for the
     contenders in ``runs_by_replay`` ([replay][contender]); returns the greedy
     mismatches against no-spec."""
     main_replay, runs = replays[0], runs_by_replay[0]
@@ -276,6 +277,9 @@ def write_outputs(
         rep.plot_rate_sweep(sweep, args.out / "rate_sweep.png")
         (args.out / "sweep.json").write_text(json.dumps({str(r): [asdict(x) for x in s] for r, s in sweep.items()}, indent=1))
     report.write_json(args.out / "report.json")
+    with (args.out / "requests.jsonl").open("w") as f:  # the records every number above comes from
+        for run in runs:
+            f.writelines(json.dumps(asdict(x)) + "\n" for x in records(run, main_replay.trace, main_replay.reqs))
     phases = report.phase_table()
     (args.out / "table.md").write_text(report.markdown_table() + (f"\nPer load phase:\n\n{phases}" if phases else ""))
     meta = {

@@ -75,6 +75,9 @@ class PhaseSummary:
     """Load-phase slice of one contender's run (e.g. the peaks of a bursty trace)."""
 
     requests: int  # requests that arrived in the phase
+    # Output tokens of those requests over the span from the first one's arrival to the
+    # last one's completion: what the server did with the phase's load, drain included.
+    served_throughput: Optional[float]
     throughput: Optional[float]  # mean window throughput in the phase; None without samples
     ttft: Optional[Percentiles]
     tpot: Optional[Percentiles]
@@ -145,27 +148,32 @@ class Report:
 
     def phase_table(self) -> str:
         """One row per load phase and contender (bursty traces: peak and valley), with
-        throughput as a ratio to the baseline's and each group best's in the same phase.
-        Empty when the run has a single phase."""
+        the served throughput of the phase's requests as a ratio to the baseline's and
+        each group best's in the same phase, then the mean window throughput. Empty when
+        the run has a single phase.
+
+        The served column is the one to compare: a window samples whatever the server
+        streamed while the phase lasted, so when a peak is as short as a window, a
+        window's tokens depend on where the burst falls in it."""
         phases = sorted({p for s in self.summaries for p in s.phases})
         if len(phases) < 2:
             return ""
         by_name = {s.contender: s for s in self.summaries}
         refs = [self.baseline, *self.best_of.values()]
-        header = ["phase", "contender", "requests", "tok/s", *(f"tok/s vs {r}" for r in refs),
-                  "TTFT p50/p99 ms", "TPOT p50/p99 ms"]  # fmt: skip
+        header = ["phase", "contender", "requests", "served tok/s", *(f"served vs {r}" for r in refs),
+                  "window tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms"]  # fmt: skip
         rows = [header, ["---"] * len(header)]
         for phase in phases:
             for s in self.summaries:
                 ph = s.phases.get(phase)
                 if ph is None:
                     continue
-                row = [phase, s.contender, str(ph.requests), _num(ph.throughput, "{:.1f}")]
+                row = [phase, s.contender, str(ph.requests), _num(ph.served_throughput, "{:.1f}")]
                 for r in refs:
                     ref = by_name[r].phases.get(phase)
-                    ok = ph.throughput is not None and ref is not None and ref.throughput
-                    row.append(f"{ph.throughput / ref.throughput:.2f}x" if ok else "-")
-                row += [_ms(ph.ttft, "{:.0f}"), _ms(ph.tpot, "{:.1f}")]
+                    ok = ph.served_throughput is not None and ref is not None and ref.served_throughput
+                    row.append(f"{ph.served_throughput / ref.served_throughput:.2f}x" if ok else "-")
+                row += [_num(ph.throughput, "{:.1f}"), _ms(ph.ttft, "{:.0f}"), _ms(ph.tpot, "{:.1f}")]
                 rows.append(row)
         return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
 
@@ -347,12 +355,21 @@ def _phases(records: list[RequestRecord], windows: list[WindowSample]) -> dict[s
         rs, ws = recs.get(phase, []), samples.get(phase, [])
         out[phase] = PhaseSummary(
             requests=len(rs),
+            served_throughput=_served_throughput(rs),
             # Windows are equally long, so their mean is tokens generated / time in phase.
             throughput=float(np.mean([w.throughput for w in ws])) if ws else None,
             ttft=Percentiles.of([r.ttft for r in rs]) if rs else None,
             tpot=_tpot(rs),
         )
     return out
+
+
+def _served_throughput(records: list[RequestRecord]) -> Optional[float]:
+    """Output tokens of ``records`` / (last completion - first arrival); None if empty."""
+    if not records:
+        return None
+    span = max(r.arrival + r.e2e for r in records) - min(r.arrival for r in records)
+    return sum(r.output_tokens for r in records) / span if span > 0 else None
 
 
 def _group(items: Iterable[T], key: Callable[[T], K]) -> dict[K, list[T]]:

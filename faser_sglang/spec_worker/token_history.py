@@ -22,6 +22,7 @@ the first accept_len_i of them committed.
 
 from __future__ import annotations
 
+import itertools
 from typing import Sequence
 
 import torch
@@ -43,17 +44,19 @@ class TokenHistory:
         of a longer prompt writes its discarded sample over the next chunk's first
         position, which the next chunk's prefill writes again.)"""
         device = self.ids.device
-        rows: list[int] = []
-        positions: list[int] = []
-        values: list[int] = []
-        for req in batch.reqs:
-            known = req.get_fill_ids()
-            rows.extend([req.req_pool_idx] * len(known))
-            positions.extend(range(len(known)))
-            values.extend(known)
-        if values:
-            self.ids[device_tensor(rows, device), device_tensor(positions, device)] = device_tensor(
-                values, device, torch.int32
+        fills = [req.get_fill_ids() for req in batch.reqs]
+        total = sum(len(f) for f in fills)
+        if total:
+            # One host-to-device copy of every fill id; rows and positions are expanded
+            # on the device (output_size given, so repeat_interleave does not sync).
+            values = torch.tensor(list(itertools.chain.from_iterable(fills)), dtype=torch.int32)
+            lens = device_tensor([len(f) for f in fills], device)  # [n]
+            rows = device_tensor([req.req_pool_idx for req in batch.reqs], device)  # [n]
+            firsts = torch.cumsum(lens, 0) - lens  # [n] flat index of each request's position 0
+            flat = torch.arange(total, device=device)  # [total]
+            positions = flat - torch.repeat_interleave(firsts, lens, output_size=total)
+            self.ids[torch.repeat_interleave(rows, lens, output_size=total), positions] = values.to(
+                device, non_blocking=True
             )
         self.ids[batch.req_pool_indices, batch.seq_lens] = first_tokens.to(torch.int32)
 

@@ -203,7 +203,8 @@ class FaserWorker(BaseSpecWorker):
         if not self.overlap:
             self._settle()  # the synchronous schedule waits for this step's results anyway
         # Draft KV is valid up to the committed length it was fed (FaserDraftState).
-        return self._result(batch, result, logits, new_seq_lens, FaserDraftState(drafts.draft_kv_lens, last))
+        next_state = FaserDraftState(drafts.draft_kv_lens, last)
+        return self._result(batch, result, accept_lens, logits, new_seq_lens, next_state)
 
     def _plain_step(
         self,
@@ -246,10 +247,11 @@ class FaserWorker(BaseSpecWorker):
 
     def _note_batch(self, rids: list[str]) -> None:
         """Forget the policy state of requests no decode step has carried for
-        FORGET_AFTER_STEPS steps (at the next sweep, every FORGET_AFTER_STEPS). SGLang reports a finish only from decode results; under
-        the overlap schedule a request that finishes at its prefill (one token, or a stop
-        at the first token) still rides the next decode step, is observed there, and is
-        never reported."""
+        FORGET_AFTER_STEPS steps (swept every FORGET_AFTER_STEPS steps). SGLang
+        reports a finish only from decode results; under the overlap schedule a
+        request that finishes at its prefill (one token, or a stop at the first
+        token) still rides the next decode step, is observed there, and is never
+        reported."""
         self._decode_steps += 1
         for rid in rids:
             self._last_seen[rid] = self._decode_steps
@@ -271,12 +273,15 @@ class FaserWorker(BaseSpecWorker):
         accepted = [a - 1 for a in step.accept_lens()]
         live = [i for i, rid in enumerate(step.rids) if rid not in step.finished]
         self.policy.observe([step.rids[i] for i in live], [step.lengths[i] for i in live], [accepted[i] for i in live])
-        self.stats.record(step.rids, step.seq_lens, step.draft_kv_lens, step.lengths, accepted, step.seconds, step.clock)
+        self.stats.record(
+            step.rids, step.seq_lens, step.draft_kv_lens, step.lengths, accepted, step.seconds, step.clock
+        )
 
     def _result(
         self,
         batch: ScheduleBatch,
         result: AcceptResult,
+        accept_lens: torch.Tensor,  # [bs] int32
         logits: torch.Tensor,  # [bs, K+1, V]
         new_seq_lens: torch.Tensor,  # [bs]
         next_state: FaserDraftState,
@@ -290,7 +295,7 @@ class FaserWorker(BaseSpecWorker):
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=predict,
-            accept_lens=result.accept_lens.to(torch.int32),
+            accept_lens=accept_lens,
             new_seq_lens=new_seq_lens,
             next_draft_input=next_state,
             speculative_num_draft_tokens=width,
@@ -313,7 +318,9 @@ class PendingStep:
     finished: set[str] = field(default_factory=set)  # rids forgotten before settling
 
     @classmethod
-    def of(cls, rids, seq_lens, draft_kv_lens, lengths, accept_lens: torch.Tensor, started: float, clock) -> "PendingStep":
+    def of(
+        cls, rids, seq_lens, draft_kv_lens, lengths, accept_lens: torch.Tensor, started: float, clock
+    ) -> "PendingStep":
         seconds = time.perf_counter() - started
         if accept_lens.device.type != "cuda":
             return cls(rids, seq_lens, draft_kv_lens, lengths, seconds, clock, accept_lens.cpu(), None)
