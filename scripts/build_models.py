@@ -10,7 +10,7 @@ Subcommands (each output is a HuggingFace Llama directory SGLang loads as is)::
         --heads 64 --kv-heads 16 --ballast 2
     python scripts/build_models.py perturb SRC OUT --noise 0.05
     python scripts/build_models.py distill TARGET DRAFT OUT --steps 300
-    python scripts/build_models.py pair OUT --preset cost-faithful
+    python scripts/build_models.py pair OUT --preset cost-faithful   # or cost-faithful-14b, cpu
 
 ``pair`` builds a whole (target, draft) pair from SmolLM2-135M-Instruct, the
 one real model available offline (see ``faser_sglang.kit.smollm2``). Every
@@ -18,38 +18,15 @@ step is cached in OUT, so an interrupted build resumes where it stopped.
 OUT/pair.json names the two model directories and records their parameter
 counts and the draft's distillation agreement.
 
-Presets:
-
-``cost-faithful`` (run on a GPU machine: the distillation wants CUDA and the
-target is 14.4 GB in bfloat16)
-    target: SmolLM2 widened to hidden 4096, intermediate 14336, 64 q / 16 kv
-    heads of dim 64, 30 real + 2 ballast = 32 layers, tied 49152-token
-    vocabulary: 7,180,914,688 parameters. Its linear layers, attention FLOPs
-    and KV-cache bytes per token (16 x 64 = 8 x 128 per layer) match
-    Mistral-7B's (heads are 64-dim rather than 128-dim, the head has 49152
-    rows rather than 32000); its logits are SmolLM2's.
-    draft: SmolLM2's first 20 layers, distilled against SmolLM2 (whose logits
-    the target reproduces exactly, at 1/50 of the cost), widened to hidden
-    1024, intermediate 4096, 16 q / 4 kv heads, 20 real + 4 ballast = 24
-    layers: 415,286,272 parameters, 5.8% of the target, shaped like
-    Qwen2.5-0.5B (24 layers, hidden 896). The real/ballast split sets how
-    well the draft predicts the target without changing what it costs; an
-    8-layer draft (distilled 500 steps) agreed with the target on 0.62 of
-    held-out code tokens and had 1.33 tokens accepted per one-draft step on
-    HumanEval: too weak for drafting to pay on any speculative method, which
-    says nothing about the methods being compared.
-
-``cpu`` (small enough for SGLang on a CPU; float32; the distillation takes
-about half an hour on two idle cores)
-    target: SmolLM2-135M-Instruct as is: 134,515,008 parameters.
-    draft: its first 8 layers, distilled: 56,632,896 parameters.
+Presets (shapes, distillation settings, what each stands in for):
+:mod:`faser_sglang.kit.presets`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -63,65 +40,11 @@ from faser_sglang.kit.drafts import (
     truncate_layers,
     widen,
 )
+from faser_sglang.kit.presets import PRESETS, PairPreset, WideShape
 from faser_sglang.kit.smollm2 import build_smollm2
 from faser_sglang.kit.tiny import build_tiny_llama
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class WideShape:
-    """Shape arguments of :func:`widen`."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    num_kv_heads: int
-    ballast_layers: int
-
-
-@dataclass(frozen=True)
-class DistillSettings:
-    """Arguments of :func:`distill`; ``code_prompts`` sizes the default prompt set."""
-
-    steps: int
-    seq_len: int
-    batch_size: int
-    lr: float
-    code_prompts: int
-
-
-@dataclass(frozen=True)
-class PairPreset:
-    """A (target, draft) pair derived from SmolLM2; None shapes mean "not widened"."""
-
-    target: WideShape | None
-    draft_layers: int
-    draft: WideShape | None
-    distill: DistillSettings
-    dtype: torch.dtype
-
-
-PRESETS = {
-    "cost-faithful": PairPreset(
-        target=WideShape(
-            hidden_size=4096, intermediate_size=14336, num_heads=64, num_kv_heads=16, ballast_layers=2
-        ),
-        draft_layers=20,
-        draft=WideShape(
-            hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=4, ballast_layers=4
-        ),
-        distill=DistillSettings(steps=2000, seq_len=128, batch_size=32, lr=3e-4, code_prompts=2048),
-        dtype=torch.bfloat16,
-    ),
-    "cpu": PairPreset(
-        target=None,
-        draft_layers=8,
-        draft=None,
-        distill=DistillSettings(steps=300, seq_len=128, batch_size=8, lr=3e-4, code_prompts=240),
-        dtype=torch.float32,
-    ),
-}
 
 
 def build_pair(out_dir: Path, preset: PairPreset, *, distill_steps: int | None, device: str | None) -> dict:
@@ -155,9 +78,9 @@ def build_pair(out_dir: Path, preset: PairPreset, *, distill_steps: int | None, 
 
     target = base
     if preset.target:
-        target = widen(base, out_dir / "target", **asdict(preset.target), dtype=preset.dtype)
+        target = widen(base, out_dir / "target", **asdict(preset.target), dtype=DTYPES[preset.dtype])
     if preset.draft:
-        draft = widen(draft, out_dir / "draft", **asdict(preset.draft), dtype=preset.dtype)
+        draft = widen(draft, out_dir / "draft", **asdict(preset.draft), dtype=DTYPES[preset.dtype])
     summary = {
         "target": str(target),
         "draft": str(draft),

@@ -22,6 +22,8 @@ from faser_sglang.kit.drafts import (
     truncate_layers,
     widen,
 )
+from faser_sglang.kit.presets import PRESETS
+from faser_sglang.kit.presets import main as presets_main
 from faser_sglang.kit.smollm2 import build_smollm2, gguf_path
 from faser_sglang.kit.tiny import build_tiny_llama
 
@@ -226,3 +228,40 @@ def test_smollm2_widened_keeps_top1(smollm2, tmp_path):
     small, large = _logits(smollm2, ids), _logits(wide, ids)
     assert torch.equal(large.argmax(-1), small.argmax(-1))
     torch.testing.assert_close(large, small, atol=2e-3, rtol=1e-4)
+
+
+# SmolLM2-135M's shape (the source of every GPU preset): 30 layers, 9 q / 3 kv heads of 64.
+SMOLLM2_SHAPE = drafts.LlamaShape(hidden=576, intermediate=1536, heads=9, kv_heads=3, head_dim=64)
+
+
+@pytest.mark.parametrize(
+    "name, target_params, draft_params",
+    [("cost-faithful", 7_180_914_688, 415_286_272), ("cost-faithful-14b", 13_464_212_480, 415_286_272)],
+)
+def test_gpu_presets_embed_smollm2_at_their_documented_sizes(name, target_params, draft_params):
+    preset = PRESETS[name]
+    pairs = ((preset.target, 30, target_params), (preset.draft, preset.draft_layers, draft_params))
+    for shape, real_layers, params in pairs:
+        dst = drafts.LlamaShape(shape.hidden_size, shape.intermediate_size, shape.num_heads, shape.num_kv_heads, 64)
+        drafts.check_widening(SMOLLM2_SHAPE, dst)
+        config = LlamaConfig(
+            hidden_size=shape.hidden_size,
+            intermediate_size=shape.intermediate_size,
+            num_attention_heads=shape.num_heads,
+            num_key_value_heads=shape.num_kv_heads,
+            head_dim=64,
+            num_hidden_layers=real_layers + shape.ballast_layers,
+            vocab_size=49152,
+            tie_word_embeddings=True,
+        )
+        assert drafts.count_parameters(config) == params
+    assert preset.draft.ballast_layers + preset.draft_layers == 24  # shaped like Qwen2.5-0.5B
+
+
+def test_presets_command_prints_shell_ready_values(capsys):
+    assert presets_main(["cost-faithful-14b", "target"]) == 0
+    assert capsys.readouterr().out.split() == "--hidden 5120 --intermediate 13824 --heads 80 --kv-heads 16".split()
+    assert presets_main(["cost-faithful", "max-total-tokens"]) == 0
+    assert capsys.readouterr().out.strip() == "400000"
+    assert presets_main(["cpu", "target"]) == 1  # the CPU pair is not widened
+    assert presets_main(["no-such-preset", "target"]) == 2 and "usage" in capsys.readouterr().err

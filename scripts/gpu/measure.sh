@@ -30,7 +30,10 @@
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
 # the GPU-1 job and TP=2 runs are left out.
 #
-#   FASER_COMMIT=<sha> bash scripts/gpu/measure.sh 1|2|3|4
+# PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
+# default, 7.18B / 0.42B; cost-faithful-14b, 13.5B / 0.42B); the same value on every call.
+#
+#   FASER_COMMIT=<sha> [PAIR_PRESET=...] bash scripts/gpu/measure.sh 1|2|3|4
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/env.sh
@@ -54,9 +57,11 @@ wait_for() {  # wait_for FILE: at most $WAIT s (a call's limit is 600), collecti
     sleep 5
   done
 }
+PAIR_PRESET=${PAIR_PRESET:-cost-faithful}
+preset() { python3 -m faser_sglang.kit.presets "$PAIR_PRESET" "$1"; }  # no torch import: fast
 SERVER_FLAGS="--attention-backend flashinfer --dtype bfloat16 --cuda-graph-backend-prefill disabled"
 TINY_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 64 --mem-fraction-static 0.3 --max-total-tokens 200000"
-BIG_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 --max-total-tokens 400000 --mem-fraction-static 0.8"
+BIG_FLAGS="$SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 --max-total-tokens $(preset max-total-tokens) --mem-fraction-static 0.8"
 export FASER_GPU_RESULTS=$RES/gpu_results.jsonl
 NUM_GPUS=$(nvidia-smi -L | wc -l)
 # The bursty A/B, then throughput and latency vs request rate (Poisson, SWEEP_RATES),
@@ -82,10 +87,8 @@ case ${1:?call: 1|2|3|4} in
     # pair's attention shapes (head_dim, GQA groups; 2 layers) compile them now, while
     # the GGUF travels and the pair is built; timing waits for warm.done.
     log "background: kernel warm-up (shape twins of the cost-faithful pair; no-spec, faser, standalone-k1, ngram)"
-    background warm "python3 scripts/build_models.py widen $TINY/target $WARM/target --hidden 4096 \
-        --intermediate 14336 --heads 64 --kv-heads 16 >/dev/null \
-      && python3 scripts/build_models.py widen $TINY/target $WARM/draft --hidden 1024 --intermediate 4096 \
-        --heads 16 --kv-heads 4 >/dev/null \
+    background warm "python3 scripts/build_models.py widen $TINY/target $WARM/target $(preset target) >/dev/null \
+      && python3 scripts/build_models.py widen $TINY/target $WARM/draft $(preset draft) >/dev/null \
       && python3 -m faser_sglang.bench.quick --target $WARM/target --draft $WARM/draft \
         --contenders no-spec faser standalone-k1 ngram --concurrency 8 --num-prompts 16 --max-new-tokens 16 \
         --server-args $SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 \
@@ -118,7 +121,7 @@ case ${1:?call: 1|2|3|4} in
     log "background: build pair (GPU 0), profile, A/B (one lane per GPU: $NUM_GPUS), TP=2"
     background big "set -eo pipefail
       export FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF
-      CUDA_VISIBLE_DEVICES=0 python3 scripts/build_models.py pair $MODELS --preset cost-faithful \
+      CUDA_VISIBLE_DEVICES=0 python3 scripts/build_models.py pair $MODELS --preset $PAIR_PRESET \
         --distill-steps ${DISTILL_STEPS:-1000} 2>&1 | tail -20
       cp $MODELS/pair.json $RES/
       while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself before timing
