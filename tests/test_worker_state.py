@@ -163,7 +163,7 @@ class _Forwards:
 
 def test_prefill_and_plain_decode_publish_lengths_before_their_forward():
     """Their committed lengths are known up front (prompt; +1 per request): published
-    first, the scheduler prepares the next step while the GPU runs this one."""
+    first, the scheduler launches the next step while the GPU runs this one."""
     published: list[list[int]] = []
     forwards = _Forwards(published)
     worker = _worker()

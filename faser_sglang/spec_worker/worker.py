@@ -135,9 +135,9 @@ class FaserWorker(BaseSpecWorker):
         filled) and its first draft's catch-up feeds the whole sequence."""
         # Spec convention: seq_lens stays the committed length; the sampled token is
         # the bonus token of the first decode step. Those lengths are known before the
-        # forward, so they are published first: the scheduler prepares the next batch
-        # while the prefill runs (every read of this step's output is on the device,
-        # in stream order).
+        # forward, so they are published first: the scheduler, which waits for them
+        # before it launches the next step, launches it while the prefill still runs
+        # (every read of this step's output is on the device, in stream order).
         new_seq_lens = batch.seq_lens
         if on_publish is not None:
             on_publish(new_seq_lens)
@@ -223,7 +223,7 @@ class FaserWorker(BaseSpecWorker):
         clock.mark("draft")
         clock.label("verify_forward", "plain_decode")
         # Every request commits one token: published before the forward, so the
-        # scheduler prepares the next step while this one runs, as it does without
+        # scheduler launches the next step while this one runs, as it does without
         # speculation.
         new_seq_lens = batch.seq_lens + 1
         if on_publish is not None:
