@@ -312,15 +312,12 @@ def plot_rate_sweep(
 
 
 def _summarize_one(name: str, records: list[RequestRecord], windows: list[WindowSample]) -> ContenderSummary:
-    start = min(r.arrival for r in records)
-    duration = max(r.arrival + r.e2e for r in records) - start
-    tokens = sum(r.output_tokens for r in records)
     return ContenderSummary(
         contender=name,
         requests=len(records),
-        output_tokens=tokens,
-        duration=duration,
-        throughput=tokens / duration if duration > 0 else 0.0,
+        output_tokens=sum(r.output_tokens for r in records),
+        duration=_span(records),
+        throughput=_served_throughput(records) or 0.0,
         ttft=Percentiles.of([r.ttft for r in records]),
         tpot=_tpot(records),
         e2e=Percentiles.of([r.e2e for r in records]),
@@ -366,10 +363,13 @@ def _phases(records: list[RequestRecord], windows: list[WindowSample]) -> dict[s
 
 def _served_throughput(records: list[RequestRecord]) -> Optional[float]:
     """Output tokens of ``records`` / (last completion - first arrival); None if empty."""
-    if not records:
-        return None
-    span = max(r.arrival + r.e2e for r in records) - min(r.arrival for r in records)
+    span = _span(records) if records else 0.0
     return sum(r.output_tokens for r in records) / span if span > 0 else None
+
+
+def _span(records: list[RequestRecord]) -> float:
+    """Seconds from the first arrival to the last completion of ``records`` (non-empty)."""
+    return max(r.arrival + r.e2e for r in records) - min(r.arrival for r in records)
 
 
 def _group(items: Iterable[T], key: Callable[[T], K]) -> dict[K, list[T]]:

@@ -91,30 +91,34 @@ class PairPreset:
     max_total_tokens: int | None
 
 
-_DRAFT_05B = WideShape(hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=4, ballast_layers=4)
-_GPU_DISTILL = DistillSettings(steps=2000, seq_len=128, batch_size=32, lr=3e-4, code_prompts=2048)
+def _gpu_pair(target: WideShape, max_total_tokens: int) -> PairPreset:
+    """A widened SmolLM2 target with the 0.42B draft: SmolLM2's first 20 layers widened
+    like Qwen2.5-0.5B plus 4 ballast layers, distilled on the GPU, all bfloat16."""
+    return PairPreset(
+        target=target,
+        draft_layers=20,
+        draft=WideShape(
+            hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=4, ballast_layers=4
+        ),
+        distill=DistillSettings(steps=2000, seq_len=128, batch_size=32, lr=3e-4, code_prompts=2048),
+        dtype="bfloat16",
+        max_total_tokens=max_total_tokens,
+    )
+
 
 PRESETS = {
-    "cost-faithful": PairPreset(
-        target=WideShape(
+    # 14.4 GB weights; 128 KiB (target) + 24 KiB (draft) of KV per token.
+    "cost-faithful": _gpu_pair(
+        WideShape(
             hidden_size=4096, intermediate_size=14336, num_heads=64, num_kv_heads=16, ballast_layers=2
         ),
-        draft_layers=20,
-        draft=_DRAFT_05B,
-        distill=_GPU_DISTILL,
-        dtype="bfloat16",
-        # 14.4 GB weights; 128 KiB (target) + 24 KiB (draft) of KV per token.
         max_total_tokens=400_000,
     ),
-    "cost-faithful-14b": PairPreset(
-        target=WideShape(
+    # 26.9 GB weights; 192 KiB (target) + 24 KiB (draft) of KV per token.
+    "cost-faithful-14b": _gpu_pair(
+        WideShape(
             hidden_size=5120, intermediate_size=13824, num_heads=80, num_kv_heads=16, ballast_layers=18
         ),
-        draft_layers=20,
-        draft=_DRAFT_05B,
-        distill=_GPU_DISTILL,
-        dtype="bfloat16",
-        # 26.9 GB weights; 192 KiB (target) + 24 KiB (draft) of KV per token.
         max_total_tokens=250_000,
     ),
     "cpu": PairPreset(

@@ -51,11 +51,11 @@ class TokenHistory:
             # on the device (output_size given, so repeat_interleave does not sync).
             values = torch.tensor(list(itertools.chain.from_iterable(fills)), dtype=torch.int32)
             lens = device_tensor([len(f) for f in fills], device)  # [n]
-            rows = device_tensor([req.req_pool_idx for req in batch.reqs], device)  # [n]
             firsts = torch.cumsum(lens, 0) - lens  # [n] flat index of each request's position 0
             flat = torch.arange(total, device=device)  # [total]
             positions = flat - torch.repeat_interleave(firsts, lens, output_size=total)
-            self.ids[torch.repeat_interleave(rows, lens, output_size=total), positions] = values.to(
+            rows = torch.repeat_interleave(batch.req_pool_indices, lens, output_size=total)  # [total]
+            self.ids[rows, positions] = values.to(
                 device, non_blocking=True
             )
         self.ids[batch.req_pool_indices, batch.seq_lens] = first_tokens.to(torch.int32)

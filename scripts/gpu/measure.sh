@@ -30,6 +30,7 @@
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
 # the GPU-1 job and TP=2 runs are left out.
 #
+# SWEEP_RATES="" leaves the rate sweep out.
 # PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
 # default, 7.18B / 0.42B; cost-faithful-14b, 13.5B / 0.42B); the same value on every call.
 #
@@ -71,7 +72,7 @@ AB_CMD="python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS
   --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad faser-ad-sync standalone-k1 standalone-k3 standalone-k5 ngram faser} \
   --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
   --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
-  --sweep-rates ${SWEEP_RATES:-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
+  --sweep-rates ${SWEEP_RATES-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
   --server-args $BIG_FLAGS 2>&1 | grep --line-buffered -v '^\[20' || true"  # later stages run regardless
 
 case ${1:?call: 1|2|3|4} in
