@@ -143,6 +143,17 @@ def test_prior_comes_from_recent_requests_and_survives_forget():
     assert w.alphas(["new"], 1)[0, 0] > 0.9
 
 
+def test_pool_evidence_ages_out_when_nobody_drafts():
+    w = windows(strength=2.0, base=0.7, pool=16)
+    for i in range(8):
+        w.observe([f"bad{i}"], [4], [0])
+    assert w.pooled_alphas()[0] == pytest.approx(2 * 0.7 / 10)
+    w.observe([f"idle{i}" for i in range(4)], [0] * 4, [0] * 4)  # four request-steps, no evidence
+    assert w.pooled_alphas()[0] == pytest.approx(2 * 0.7 / 10)  # the failures are still in the pool
+    w.observe([f"idle{i}" for i in range(12)], [0] * 12, [0] * 12)
+    np.testing.assert_allclose(w.pooled_alphas(), 0.7)  # aged out: the base rate again
+
+
 def test_many_requests_reuse_and_grow_slots():
     w = AcceptanceWindows(window=4, positions=8, base_rate=0.5, prior_strength=1e-6, initial_capacity=2)
     rids = [f"r{i}" for i in range(10)]
@@ -494,6 +505,35 @@ def test_adaptive_policy_learns_per_request_lengths():
     policy.forget("bad")
     # A new request starts from the pooled prior (mostly the good request's record).
     assert policy.choose(["bad"], 6, StepContext((300,), (300,)))[0] >= 1
+
+
+def test_adaptive_policy_resumes_drafting_after_an_unlucky_start():
+    """Four requests at a time; the first 30 steps' drafts are nearly all rejected, then
+    drafts are accepted with p = 0.9. The bad start switches drafting off for everyone
+    (rightly); the pool's evidence then ages out over steps without drafts and the
+    re-probed drafts find the good acceptance, so drafting resumes within a few pools."""
+    policy = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive"), KNOWN)
+    pool = policy.acceptance.pool_size
+    rng = random.Random(1)
+    lens: dict[str, list[int]] = {}  # rid -> [committed tokens, draft KV tokens]
+    drafted, next_id = [], 0
+    for step in range(30 + 3 * pool // 4):
+        while len(lens) < 4:
+            lens[f"r{next_id}"] = [300, 299]
+            next_id += 1
+        rids = list(lens)
+        ks = policy.choose(rids, 6, StepContext(*zip(*(tuple(lens[r]) for r in rids))))
+        p = 0.02 if step < 30 else 0.9
+        accepted = [next((j for j in range(k) if rng.random() > p), k) for k in ks]
+        policy.observe(rids, ks, accepted)
+        drafted.append(sum(ks))
+        for rid, k, a in zip(rids, ks, accepted):
+            lens[rid] = [lens[rid][0] + a + 1, lens[rid][0] + a if k else lens[rid][1]]
+            if lens[rid][0] > 400:
+                policy.forget(rid)
+                del lens[rid]
+    assert sum(drafted[25:35]) == 0  # the bad start switched drafting off
+    assert all(d >= 4 for d in drafted[-20:])  # and it came back
 
 
 def test_deployment_from_runners_with_fake_sglang_objects():

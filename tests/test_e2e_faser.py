@@ -180,6 +180,27 @@ def test_identity_model_as_its_own_draft_accepts_every_token(tiny_models, tmp_pa
     assert all(o["meta_info"]["spec_accept_length"] == pytest.approx(21 / 5) for o in outs)
 
 
+@pytest.mark.parametrize("chunk_forward", ["extend", "decode_rows"])
+def test_identity_draft_accepts_every_token_after_plain_decode_steps(tiny_models, tmp_path, chunk_forward):
+    """Random lengths, k = 0 included: a request's drafting step after plain decodes
+    catches its draft up over several committed tokens. The identity pair accepts a
+    draft only if the draft saw the exact prefix, so every draft is accepted iff every
+    catch-up (each path: after a prefill, after plain decodes, after partial accepts)
+    feeds the right tokens at the right positions. Lossless alone cannot show this: a
+    wrong catch-up costs acceptance, not output."""
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(
+        tmp_path / "faser.json", policy="random", chunk_forward=chunk_forward, trace_path=str(trace), seed=7
+    )
+    with launch_faser(tiny_models.identity, tiny_models.identity, env) as server:
+        generate(server.base_url, PROMPTS, {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
+    steps = read_trace(trace)
+    gaps = [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]
+    assert max(gaps) >= 3, "no catch-up spanned plain decode steps"
+    assert sum(sum(s["draft_lens"]) for s in steps) > 0
+    assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
+
+
 def test_frontend_program_with_fork(nospec, faser):
     import sglang as sgl
 

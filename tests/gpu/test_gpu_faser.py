@@ -243,9 +243,12 @@ def test_tp2_greedy_equals_no_spec(policy, gpu_models, logit_ulp, tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["flashinfer-bf16-graphs"])
-def test_identity_model_accepts_every_draft(variant, gpu_models, tmp_path):
+@pytest.mark.parametrize("policy", ["fixed", "random"])
+def test_identity_model_accepts_every_draft(variant, policy, gpu_models, tmp_path):
+    """The draft sees the exact prefix: every draft is accepted. "random" includes k = 0,
+    so drafting steps catch up over plain-decode steps (gaps of several tokens)."""
     trace = tmp_path / "trace.jsonl"
-    env = write_faser_config(tmp_path / "faser.json", policy="fixed", trace_path=str(trace))
+    env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7)
     args = (
         *BASE_FLAGS, *VARIANTS[variant],
         "--speculative-algorithm", "FASER",
@@ -262,6 +265,10 @@ def test_identity_model_accepts_every_draft(variant, gpu_models, tmp_path):
     drafted = sum(sum(s["draft_lens"]) for s in steps)
     accepted = sum(sum(s["num_accepted"]) for s in steps)
     mean_len = sum(o["meta_info"]["spec_accept_length"] for o in outs) / len(outs)
-    _record({"test": "identity_acceptance", "variant": variant, "drafted": drafted,
-             "accepted": accepted, "mean_spec_accept_length": round(mean_len, 3)})  # fmt: skip
+    gaps = [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]
+    _record({"test": "identity_acceptance", "variant": variant, "policy": policy, "drafted": drafted,
+             "accepted": accepted, "mean_spec_accept_length": round(mean_len, 3),
+             "max_catchup_gap": max(gaps)})  # fmt: skip
     assert drafted > 0 and accepted == drafted
+    if policy == "random":
+        assert max(gaps) >= 3
