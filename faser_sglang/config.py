@@ -47,6 +47,11 @@ class FaserConfig:
     # Adaptive policy: weight of the pooled prior, in pseudo-observations per draft
     # position, > 0 (larger: slower to trust a request's own window).
     prior_strength: float = 2.0
+    # Adaptive policy: steps over which a catch-up backlog is charged, >= 1. A request
+    # whose draft lags (a lazy prefill's prompt, tokens of plain-decode steps) pays its
+    # backlog once and then drafts on; charging all of it to one step would keep such a
+    # request from ever drafting. 1: charge it all to the step that pays it.
+    catchup_horizon: int = 16
     # Adaptive policy: JSON cost file written by scripts/profile_costs.py; None (or no
     # entry for this GPU/models/backend/dtype) uses the analytical roofline estimate.
     cost_model_path: Optional[str] = None
@@ -89,6 +94,14 @@ class FaserConfig:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"FASER config 'window' must be an integer >= 1, got {self.window!r}")
         _check_range("prior_strength", self.prior_strength, 0.0, math.inf, low_open=True, high_open=True)
+        if (
+            isinstance(self.catchup_horizon, bool)
+            or not isinstance(self.catchup_horizon, int)
+            or self.catchup_horizon < 1
+        ):
+            raise ValueError(
+                f"FASER config 'catchup_horizon' must be an integer >= 1, got {self.catchup_horizon!r}"
+            )
         _check_cost_model_path(self.cost_model_path)
         _check_trace_path(self.trace_path)
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):

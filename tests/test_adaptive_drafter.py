@@ -31,6 +31,7 @@ from faser_sglang.spec_worker.adaptive import (
     VerifyCost,
     allocate,
     analytical,
+    charged_catchup,
     deployment_from_runners,
     fit,
     gpu_spec,
@@ -536,6 +537,37 @@ def test_adaptive_policy_resumes_drafting_after_an_unlucky_start():
     assert all(d >= 4 for d in drafted[-20:])  # and it came back
 
 
+# The 13.5B / 0.42B cost-faithful pair on an H200 (2026-12-01 profile), rounded.
+H200_14B = CostModel(
+    draft=DraftCost(extend_forward=2.36e-3, decode_forward=1.35e-3, row_step=0.0, catchup_token=26e-6,
+                    context_row_step=0.0),
+    verify=VerifyCost(fixed=11.5e-3, row=0.0, token=34e-6, context_token=0.0),
+    source="profiled",
+    plain=PlainCost(fixed=9.9e-3, row=29e-6, context_token=0.0),
+)  # fmt: skip
+
+
+def test_charged_catchup_spreads_a_backlog_over_the_horizon():
+    np.testing.assert_allclose(charged_catchup(np.array([1, 2, 3, 302]), 16), [1, 2, 2 + 1 / 16, 2 + 300 / 16])
+    np.testing.assert_allclose(charged_catchup(np.array([1, 302]), 1), [1, 302])
+
+
+def test_a_lazy_request_drafts_despite_its_prompt_backlog():
+    """A new request under lazy draft prefill: its first catch-up feeds its whole
+    300-token prompt. Each draft is accepted with p = 0.6 (SGLang's STANDALONE accepted
+    0.61 of its first drafts with this pair on HumanEval). Charged in full (horizon 1),
+    the catch-up outweighs the step's expected gain and the request would never draft;
+    spread over 16 steps, it drafts."""
+    ctx = StepContext((300,), (0,))
+    config = FaserConfig(policy="adaptive", prior_accept_rate=0.6)
+    spread = AdaptiveDrafterPolicy(replace(config, catchup_horizon=16), H200_14B)
+    at_once = AdaptiveDrafterPolicy(replace(config, catchup_horizon=1), H200_14B)
+    assert spread.choose(["new"], 6, ctx)[0] >= 1
+    assert at_once.choose(["new"], 6, ctx) == [0]
+    # Caught up, both draft: the horizon only changes how the backlog is charged.
+    assert at_once.choose(["new"], 6, StepContext((300,), (299,)))[0] >= 1
+
+
 def test_deployment_from_runners_with_fake_sglang_objects():
     def runner(config, dtype="torch.bfloat16"):
         return SimpleNamespace(
@@ -586,6 +618,8 @@ def test_random_policy_covers_lengths_reproducibly():
         ({"window": 0}, "window"),
         ({"window": 2.5}, "window"),
         ({"prior_strength": 0}, "prior_strength"),
+        ({"catchup_horizon": 0}, "catchup_horizon"),
+        ({"catchup_horizon": 1.5}, "catchup_horizon"),
         ({"cost_model_path": 3}, "cost_model_path"),
         ({"cost_model_path": "/nonexistent/costs.json"}, "cost_model_path"),
     ],

@@ -25,6 +25,7 @@ from faser_sglang.spec_worker.adaptive.cost_model import (
 from faser_sglang.spec_worker.adaptive.drafter import (
     AdaptiveDrafterPolicy,
     Deployment,
+    charged_catchup,
     deployment_from_runners,
     load_cost_model,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "VerifyCost",
     "allocate",
     "analytical",
+    "charged_catchup",
     "deployment_from_runners",
     "fit",
     "gpu_spec",

@@ -15,7 +15,8 @@ pays for the switch to the verify path, which the exact evaluation below include
 
 Algorithm (greedy marginal gain). Draft positions are *items*: item (i, j) takes
 request i from k_i = j to j + 1, gains g[i, j] tokens and costs
-- its own draft work c[i, j]: the catch-up tokens for j = 0, a DECODE row for
+- its own draft work c[i, j]: the charged catch-up tokens for j = 0 (a backlog is
+  spread over several steps: drafter.charged_catchup), a DECODE row for
   j > 0, plus reading the request's context in that forward;
 - one more verify token, whose price v_n (the n-th extra token) depends only on
   how many items were taken, since every item adds exactly one verify token;
@@ -79,7 +80,7 @@ class Allocation:
 def allocate(
     gains: np.ndarray,  # [bs, K_max] g[i, j], non-increasing along j
     seq_lens: np.ndarray,  # [bs] committed tokens per request
-    catchup: np.ndarray,  # [bs] tokens the catch-up forward feeds a request if it drafts
+    catchup: np.ndarray,  # [bs] catch-up tokens charged to the step if a request drafts
     cost: CostModel,
     max_drafts: Optional[int] = None,  # at most this many drafts in all (None: no cap)
 ) -> Allocation:

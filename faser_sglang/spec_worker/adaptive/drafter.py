@@ -25,6 +25,10 @@ from faser_sglang.spec_worker.validation import MAX_DRAFT_LEN
 
 logger = logging.getLogger(__name__)
 
+# Catch-up tokens of a request that drafted last step: the committed token its draft
+# has not seen, then the bonus token (StepContext.catchup_tokens).
+STEADY_CATCHUP = 2
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -102,6 +106,7 @@ class AdaptiveDrafterPolicy:
 
     def __init__(self, config: FaserConfig, cost_model: CostModel) -> None:
         self.cost_model = cost_model
+        self.catchup_horizon = config.catchup_horizon
         self.acceptance = AcceptanceWindows(
             window=config.window,
             positions=MAX_DRAFT_LEN,
@@ -124,7 +129,7 @@ class AdaptiveDrafterPolicy:
         allocation = allocate(
             self.acceptance.gains(rids, k_max),
             np.asarray(context.seq_lens),
-            np.asarray(context.catchup_tokens()),
+            charged_catchup(np.asarray(context.catchup_tokens()), self.catchup_horizon),
             self.cost_model,
             max_drafts=context.max_drafts(),
         )
@@ -135,3 +140,18 @@ class AdaptiveDrafterPolicy:
 
     def forget(self, rid: str) -> None:
         self.acceptance.forget(rid)
+
+
+def charged_catchup(tokens: np.ndarray, horizon: int) -> np.ndarray:
+    """[bs] catch-up tokens charged to this step for each request ([bs] ``tokens``).
+
+    A request's usual catch-up (up to STEADY_CATCHUP tokens) is the step's own cost. A
+    backlog beyond it (a lazy prefill's whole prompt, the tokens of plain-decode
+    steps) is paid once and then lets the request draft step after step, so the
+    step is charged 1/``horizon`` of it. Charged in full, a 300-token prompt at 26 us
+    per token (the 0.42B draft on an H200) would outweigh one step's expected gain
+    and the request would never draft, however well its drafts would be accepted.
+    """
+    tokens = np.asarray(tokens, np.float64)
+    steady = np.minimum(tokens, STEADY_CATCHUP)
+    return steady + (tokens - steady) / horizon
