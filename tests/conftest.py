@@ -11,7 +11,17 @@ import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
 from faser_sglang.kit.tiny import build_identity_transition_model, build_tiny_llama
+from faser_sglang.spec_worker.adaptive import CostModel, DraftCost, PlainCost, VerifyCost
 from server_utils import CPU_SERVER_ENV
+
+# The 13.5B / 0.42B cost-faithful pair on an H200 (2026-12-01 profile), rounded.
+H200_14B = CostModel(
+    draft=DraftCost(extend_forward=2.36e-3, decode_forward=1.35e-3, row_step=0.0, catchup_token=26e-6,
+                    context_row_step=0.0),
+    verify=VerifyCost(fixed=11.5e-3, row=0.0, token=34e-6, context_token=0.0),
+    source="profiled",
+    plain=PlainCost(fixed=9.9e-3, row=29e-6, context_token=0.0),
+)  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from conftest import H200_14B
 from faser_sglang.bench.client import ReplayResult, RequestTiming
 from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.adaptive import (
@@ -537,16 +538,6 @@ def test_adaptive_policy_resumes_drafting_after_an_unlucky_start():
     assert all(d >= 4 for d in drafted[-20:])  # and it came back
 
 
-# The 13.5B / 0.42B cost-faithful pair on an H200 (2026-12-01 profile), rounded.
-H200_14B = CostModel(
-    draft=DraftCost(extend_forward=2.36e-3, decode_forward=1.35e-3, row_step=0.0, catchup_token=26e-6,
-                    context_row_step=0.0),
-    verify=VerifyCost(fixed=11.5e-3, row=0.0, token=34e-6, context_token=0.0),
-    source="profiled",
-    plain=PlainCost(fixed=9.9e-3, row=29e-6, context_token=0.0),
-)  # fmt: skip
-
-
 def test_charged_catchup_spreads_a_backlog_over_the_horizon():
     np.testing.assert_allclose(charged_catchup(np.array([1, 2, 3, 302]), 16), [1, 2, 2 + 1 / 16, 2 + 300 / 16])
     np.testing.assert_allclose(charged_catchup(np.array([1, 302]), 1), [1, 302])
@@ -557,10 +548,10 @@ def test_a_lazy_request_drafts_despite_its_prompt_backlog():
     300-token prompt. Each draft is accepted with p = 0.6 (SGLang's STANDALONE accepted
     0.61 of its first drafts with this pair on HumanEval). Charged in full (horizon 1),
     the catch-up outweighs the step's expected gain and the request would never draft;
-    spread over 16 steps, it drafts."""
+    spread over 8 steps (the default), it drafts."""
     ctx = StepContext((300,), (0,))
     config = FaserConfig(policy="adaptive", prior_accept_rate=0.6)
-    spread = AdaptiveDrafterPolicy(replace(config, catchup_horizon=16), H200_14B)
+    spread = AdaptiveDrafterPolicy(config, H200_14B)
     at_once = AdaptiveDrafterPolicy(replace(config, catchup_horizon=1), H200_14B)
     assert spread.choose(["new"], 6, ctx)[0] >= 1
     assert at_once.choose(["new"], 6, ctx) == [0]

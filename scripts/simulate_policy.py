@@ -1,0 +1,141 @@
+"""Replay the Adaptive Drafter against a profiled cost model with synthetic acceptance.
+
+    python scripts/simulate_policy.py --costs costs.json [--accept 0.61 0.54 0.64 0.55] \\
+        [--bad-accept 0.3 --bad-steps 100] [--batch-sizes 1 4 16 64] [--steps 3000] \\
+        [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16]
+
+No GPU and no server: the real policy object (acceptance windows, pooled prior,
+allocator) chooses every step's lengths; drafts are accepted at random with the given
+per-position conditional probabilities (the last one repeats), for the first
+--bad-steps steps with --bad-accept instead (an unlucky start); each request decodes
+--output-tokens tokens and is replaced by a new one at once, so the batch stays at
+the batch size. Draft KV follows the worker's rules: a request that drafts catches up
+to its committed length; one that does not lags; a new request starts with no draft
+KV (lazy prefill, the adaptive default) or with its prompt (--eager-prefill).
+
+For each batch size it prints the share of steps in which anyone drafted, the mean
+drafts per step over the last quarter of the run, and the cost model's throughput of
+the chosen lengths (emitted tokens over the predicted time of every step, catch-ups
+charged in full) against plain decoding at the same batch size. What it shows is the
+policy's behaviour under the cost model (does it draft where drafting pays, recover
+from a bad start, stay off where it does not pay), not a measured speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tqdm import tqdm
+
+from faser_sglang.config import FaserConfig
+from faser_sglang.spec_worker.adaptive import AdaptiveDrafterPolicy, CostModel, read_cost_entries
+from faser_sglang.spec_worker.policy import StepContext
+
+
+@dataclass(frozen=True)
+class SimResult:
+    batch_size: int
+    drafting_steps: float  # share of steps in which any request drafted
+    late_drafts: float  # mean sum of k_i per step over the last quarter of the run
+    speedup: float  # modelled tokens/s of the chosen lengths / plain decoding's
+
+
+def simulate(
+    cost: CostModel,
+    config: FaserConfig,
+    batch_size: int,
+    *,
+    accept: Sequence[float],
+    bad_accept: Sequence[float],
+    bad_steps: int,
+    steps: int,
+    k_max: int,
+    prompt_tokens: tuple[int, int],
+    output_tokens: int,
+    eager_prefill: bool,
+    seed: int,
+) -> SimResult:
+    rng = random.Random(seed)
+    policy = AdaptiveDrafterPolicy(config, cost)
+    live: dict[str, list[int]] = {}  # rid -> [committed tokens, draft KV tokens, tokens left]
+    next_id, drafting, late, tokens, seconds, plain_seconds = 0, 0, 0, 0, 0.0, 0.0
+    for step in range(steps):
+        while len(live) < batch_size:
+            prompt = rng.randint(*prompt_tokens)
+            live[f"r{next_id}"] = [prompt, prompt - 1 if eager_prefill else 0, output_tokens]
+            next_id += 1
+        rids = list(live)
+        seq_lens = tuple(live[r][0] for r in rids)
+        context = StepContext(seq_lens, tuple(live[r][1] for r in rids))
+        lengths = policy.choose(rids, k_max, context)
+        probs = bad_accept if step < bad_steps else accept
+        accepted = [_accepted(rng, k, probs) for k in lengths]
+        policy.observe(rids, lengths, accepted)
+        seconds += cost.step_time(lengths, seq_lens, context.catchup_tokens())
+        plain_seconds += cost.no_draft_time(seq_lens)
+        tokens += sum(accepted) + len(rids)
+        drafting += any(lengths)
+        late += sum(lengths) if step >= steps * 3 // 4 else 0
+        for rid, k, a in zip(rids, lengths, accepted):
+            state = live[rid]
+            if k:
+                state[1] = state[0] + a  # caught up, then fed its accepted drafts
+            state[0] += a + 1
+            state[2] -= a + 1
+            if state[2] <= 0:
+                policy.forget(rid)
+                del live[rid]
+    return SimResult(
+        batch_size=batch_size,
+        drafting_steps=drafting / steps,
+        late_drafts=late / (steps - steps * 3 // 4),
+        speedup=(tokens / seconds) / (steps * batch_size / plain_seconds),
+    )
+
+
+def _accepted(rng: random.Random, k: int, probs: Sequence[float]) -> int:
+    """Accepted prefix of k drafts: draft j survives with probs[min(j, last)]."""
+    for j in range(k):
+        if rng.random() >= probs[min(j, len(probs) - 1)]:
+            return j
+    return k
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--costs", type=Path, required=True, help="cost file from scripts/profile_costs.py")
+    p.add_argument("--key", type=int, default=0, help="which entry of the cost file (default: the first)")
+    p.add_argument("--accept", type=float, nargs="+", default=[0.61, 0.54, 0.64, 0.55])
+    p.add_argument("--bad-accept", type=float, nargs="+", default=[0.3])
+    p.add_argument("--bad-steps", type=int, default=0)
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--k-max", type=int, default=7)
+    p.add_argument("--prompt-tokens", type=int, nargs=2, default=[100, 400], metavar=("MIN", "MAX"))
+    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--eager-prefill", action="store_true")
+    p.add_argument("--catchup-horizon", type=int, default=FaserConfig.catchup_horizon)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    entries = list(read_cost_entries(args.costs).items())
+    key, cost = entries[args.key]
+    config = FaserConfig(policy="adaptive", catchup_horizon=args.catchup_horizon)
+    print(f"cost model: {key}")
+    print("| batch size | steps with drafts | drafts per step (last quarter) | modelled speed-up vs plain decode |")
+    print("|---|---|---|---|")
+    for bs in tqdm(args.batch_sizes, desc="simulating", unit="batch size", leave=False):
+        r = simulate(
+            cost, config, bs, accept=args.accept, bad_accept=args.bad_accept, bad_steps=args.bad_steps,
+            steps=args.steps, k_max=args.k_max, prompt_tokens=tuple(args.prompt_tokens),
+            output_tokens=args.output_tokens, eager_prefill=args.eager_prefill, seed=args.seed,
+        )  # fmt: skip
+        print(f"| {r.batch_size} | {r.drafting_steps:.1%} | {r.late_drafts:.2f} | {r.speedup:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""scripts/simulate_policy.py: the adaptive policy against a cost model, no GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from faser_sglang.config import FaserConfig
+from conftest import H200_14B
+from faser_sglang.spec_worker.adaptive import CostKey, write_cost_entry
+
+REPO = Path(__file__).resolve().parents[1]
+GOOD = [0.61, 0.54, 0.64, 0.55]  # SGLang STANDALONE's acceptance with that pair on HumanEval
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("simulate_policy", REPO / "scripts" / "simulate_policy.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(script, batch_size, **overrides):
+    args = dict(accept=GOOD, bad_accept=[0.3], bad_steps=0, steps=1200, k_max=7, prompt_tokens=(100, 400),
+                output_tokens=256, eager_prefill=False, seed=0)  # fmt: skip
+    args.update(overrides)
+    return script.simulate(H200_14B, FaserConfig(policy="adaptive"), batch_size, **args)
+
+
+def test_drafts_where_it_pays_and_not_under_load(script):
+    low = run(script, 1)
+    assert low.drafting_steps > 0.8 and low.speedup > 1.1
+    high = run(script, 64)
+    assert high.drafting_steps == 0 and high.speedup == pytest.approx(1.0)
+
+
+def test_recovers_from_an_unlucky_start(script):
+    r = run(script, 4, bad_steps=100)
+    assert r.late_drafts > 4 and r.speedup > 1.1
+
+
+def test_probes_cost_little_when_drafting_never_pays(script):
+    r = run(script, 4, bad_steps=10**6, accept=[0.3])
+    assert 0 < r.drafting_steps < 0.1 and r.speedup > 0.95
+
+
+def test_cli_prints_a_table(script, tmp_path, capsys):
+    costs = tmp_path / "costs.json"
+    write_cost_entry(costs, CostKey.of("NVIDIA H200", "t", "d", "flashinfer", "bfloat16"), H200_14B)
+    script.main(["--costs", str(costs), "--batch-sizes", "1", "--steps", "200"])
+    out = capsys.readouterr().out
+    assert "| batch size |" in out and out.strip().splitlines()[-1].startswith("| 1 |")
