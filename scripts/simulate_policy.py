@@ -9,9 +9,10 @@ allocator) chooses every step's lengths; drafts are accepted at random with the 
 per-position conditional probabilities (the last one repeats), for the first
 --bad-steps steps with --bad-accept instead (an unlucky start); each request decodes
 --output-tokens tokens and is replaced by a new one at once, so the batch stays at
-the batch size. Draft KV follows the worker's rules: a request that drafts catches up
-to its committed length; one that does not lags; a new request starts with no draft
-KV (lazy prefill, the adaptive default) or with its prompt (--eager-prefill).
+the batch size. Draft KV follows the worker's rules: a request that drafts k catches
+up and feeds all but its last draft (its draft KV then covers min(L + k, the new
+committed length)); one that does not lags; a new request starts with no draft KV
+(lazy prefill, the adaptive default) or with its prompt (--eager-prefill).
 
 For each batch size it prints the share of steps in which anyone drafted, the mean
 drafts per step over the last quarter of the run, and the cost model's throughput of
@@ -66,7 +67,7 @@ def simulate(
     for step in range(steps):
         while len(live) < batch_size:
             prompt = rng.randint(*prompt_tokens)
-            live[f"r{next_id}"] = [prompt, prompt - 1 if eager_prefill else 0, output_tokens]
+            live[f"r{next_id}"] = [prompt, prompt if eager_prefill else 0, output_tokens]
             next_id += 1
         rids = list(live)
         seq_lens = tuple(live[r][0] for r in rids)
@@ -83,7 +84,9 @@ def simulate(
         for rid, k, a in zip(rids, lengths, accepted):
             state = live[rid]
             if k:
-                state[1] = state[0] + a  # caught up, then fed its accepted drafts
+                # Caught up and fed its drafts but the last: min(L + k, new committed length)
+                # (draft.py, FaserDraftState.draft_kv_lens).
+                state[1] = state[0] + min(k, a + 1)
             state[0] += a + 1
             state[2] -= a + 1
             if state[2] <= 0:
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     key, cost = entries[args.key]
     config = FaserConfig(policy="adaptive", catchup_horizon=args.catchup_horizon)
     print(f"cost model: {key}")
-    print("| batch size | steps with drafts | drafts per step (last quarter) | modelled speed-up vs plain decode |")
+    print("| batch size | steps with drafts | drafts per step (last quarter) | modelled speed-up vs plain |")
     print("|---|---|---|---|")
     for bs in tqdm(args.batch_sizes, desc="simulating", unit="batch size", leave=False):
         r = simulate(

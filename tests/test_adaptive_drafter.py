@@ -521,7 +521,7 @@ def test_adaptive_policy_resumes_drafting_after_an_unlucky_start():
     drafted, next_id = [], 0
     for step in range(30 + 3 * pool // 4):
         while len(lens) < 4:
-            lens[f"r{next_id}"] = [300, 299]
+            lens[f"r{next_id}"] = [300, 300]
             next_id += 1
         rids = list(lens)
         ks = policy.choose(rids, 6, StepContext(*zip(*(tuple(lens[r]) for r in rids))))
@@ -530,7 +530,7 @@ def test_adaptive_policy_resumes_drafting_after_an_unlucky_start():
         policy.observe(rids, ks, accepted)
         drafted.append(sum(ks))
         for rid, k, a in zip(rids, ks, accepted):
-            lens[rid] = [lens[rid][0] + a + 1, lens[rid][0] + a if k else lens[rid][1]]
+            lens[rid] = [lens[rid][0] + a + 1, lens[rid][0] + min(k, a + 1) if k else lens[rid][1]]
             if lens[rid][0] > 400:
                 policy.forget(rid)
                 del lens[rid]

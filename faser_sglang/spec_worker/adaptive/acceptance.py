@@ -9,8 +9,8 @@ positions past a were not tested. Each position therefore keeps its own counts
     alpha_j = (successes_j + m * prior_j) / (trials_j + m)
 
 is the mean of a Beta posterior whose prior has weight m (``prior_strength``)
-centred on prior_j. The prior is pooled over the latest ``pool_size`` request-steps
-of *all* requests (including finished ones), itself smoothed toward a base rate, so
+centred on prior_j. The prior is pooled over the latest ``pool_size`` drafting
+verifies of *all* requests (including finished ones), itself smoothed toward a base rate, so
 a new request starts from what the current traffic looks like and a position a
 request has not drafted lately falls back to it.
 
@@ -18,12 +18,13 @@ Why a window of the last W verify steps (not an EMA): acceptance drifts within a
 request (boilerplate, then free text), and a window forgets a phase completely after
 W steps. Steps with k = 0 occupy the window too, without evidence: a request the
 allocator switched off loses its old evidence after W steps and is priced from the
-pooled prior again. They occupy the pool as well: were the pool kept for drafting
-steps only, an unlucky stretch (say the first requests' drafts mostly rejected)
-would switch drafting off for everyone, and with nobody drafting the pool would
-never change again. Instead the evidence ages out after ``pool_size`` request-steps
-without drafts, the prior returns to the base rate, and drafting is probed again:
-a few steps per ``pool_size`` request-steps when it really does not pay.
+pooled prior again. In steps where nobody drafts they occupy the pool as well:
+were the pool kept for drafting verifies only, an unlucky stretch (say the first
+requests' drafts mostly rejected) would switch drafting off for everyone, and with
+nobody drafting the pool would never change again. Instead its evidence ages out
+after ``pool_size`` request-steps without drafts, the prior returns to the base rate,
+and drafting is probed again: a few steps per ``pool_size`` request-steps when it
+really does not pay. (While anyone drafts, the pool keeps drafting verifies only.)
 
 The expected number of accepted drafts of a k-draft chain is
 E(k) = sum_{j=1..k} prod_{i<j} alpha_i (draft j counts only if all before it do).
@@ -62,7 +63,7 @@ class AcceptanceWindows:
         self.positions = positions
         self.base_rate = base_rate
         self.prior_strength = prior_strength
-        self.pool_size = pool_size  # request-steps (drafting or not) the pooled prior spans
+        self.pool_size = pool_size  # verifies the pooled prior spans (request-steps when nobody drafts)
         self._slots: dict[str, int] = {}
         self._free: list[int] = []
         self._used = 0  # slots ever handed out; [0, _used) are live or free
@@ -95,10 +96,14 @@ class AcceptanceWindows:
         self._ring[slots, heads, 0] = k
         self._ring[slots, heads, 1] = a
         self._head[slots] = (heads + 1) % self.window
-        # Steps with k = 0 enter the pool too, without evidence: if nobody drafts, the
-        # pool's evidence ages out and the prior returns to the base rate, so drafting
-        # is probed again rather than staying off forever after an unlucky stretch.
-        self._pool_add(k, a)
+        drafted = k > 0
+        if drafted.any():
+            self._pool_add(k[drafted], a[drafted])
+        else:
+            # Nobody drafts: the step's request-steps enter the pool without evidence, so
+            # the evidence ages out and the prior returns to the base rate (drafting is
+            # probed again rather than staying off forever after an unlucky stretch).
+            self._pool_add(k, a)
 
     def forget(self, rid: str) -> None:
         """Drop a finished request's window; its verifies stay in the pooled prior."""

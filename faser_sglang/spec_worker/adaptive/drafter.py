@@ -25,8 +25,9 @@ from faser_sglang.spec_worker.validation import MAX_DRAFT_LEN
 
 logger = logging.getLogger(__name__)
 
-# Catch-up tokens of a request that drafted last step: the committed token its draft
-# has not seen, then the bonus token (StepContext.catchup_tokens).
+# Most catch-up tokens a request that drafted last step needs: the bonus token, after
+# its last draft when every draft was accepted (the draft fed all but that one), else
+# the bonus alone (StepContext.catchup_tokens).
 STEADY_CATCHUP = 2
 
 
