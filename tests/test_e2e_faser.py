@@ -181,19 +181,20 @@ def test_identity_model_as_its_own_draft_accepts_every_token(tiny_models, tmp_pa
 
 
 @pytest.mark.parametrize("chunk_forward", ["extend", "decode_rows"])
-def test_identity_draft_accepts_every_token_after_plain_decode_steps(tiny_models, tmp_path, chunk_forward):
-    """Random lengths, k = 0 included: a request's drafting step after plain decodes
-    catches its draft up over several committed tokens. The identity model's next token
-    depends only on the token it is fed, so every draft is accepted iff every catch-up
-    (after a prefill, after plain decodes, after partial accepts) ends with the
-    request's bonus token and every draft step feeds the previous draft; the earlier
-    tokens of a catch-up and the positions are not checked by this model. Lossless
-    alone cannot show even this: a wrong catch-up costs acceptance, not output."""
+def test_self_draft_accepts_every_token_after_plain_decode_steps(tiny_models, tmp_path, chunk_forward):
+    """The tiny target as its own draft, random lengths with k = 0 included: a request's
+    drafting step after plain decodes catches its draft up over several committed
+    tokens. Its greedy drafts equal the target's greedy tokens iff the draft's KV holds
+    the exact prefix at the right positions (attention reads every token, RoPE every
+    position), so every draft is accepted iff every catch-up (after a prefill, after
+    plain decodes, after partial accepts) feeds the right tokens at the right positions
+    (float32: no near-ties at this size). Lossless alone cannot show this: a wrong
+    catch-up costs acceptance, not output."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(
         tmp_path / "faser.json", policy="random", chunk_forward=chunk_forward, trace_path=str(trace), seed=7
     )
-    with launch_faser(tiny_models.identity, tiny_models.identity, env) as server:
+    with launch_faser(tiny_models.target, tiny_models.target, env) as server:
         generate(server.base_url, PROMPTS, {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
     steps = read_trace(trace)
     gaps = [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]
