@@ -10,9 +10,9 @@ positions past a were not tested. Each position therefore keeps its own counts
 
 is the mean of a Beta posterior whose prior has weight m (``prior_strength``)
 centred on prior_j. The prior is pooled over the latest ``pool_size`` drafting
-verifies of *all* requests (including finished ones), itself smoothed toward a base rate, so
-a new request starts from what the current traffic looks like and a position a
-request has not drafted lately falls back to it.
+verifies of *all* requests (including finished ones), itself smoothed toward a
+base rate, so a new request starts from what the current traffic looks like and a
+position a request has not drafted lately falls back to it.
 
 Why a window of the last W verify steps (not an EMA): acceptance drifts within a
 request (boilerplate, then free text), and a window forgets a phase completely after
