@@ -14,14 +14,27 @@ from faser_sglang.kit.tiny import build_identity_transition_model, build_tiny_ll
 from faser_sglang.spec_worker.adaptive import CostModel, DraftCost, PlainCost, VerifyCost
 from server_utils import CPU_SERVER_ENV
 
-# The 13.5B / 0.42B cost-faithful pair on an H200 (2026-12-01 profile), rounded.
-H200_14B = CostModel(
-    draft=DraftCost(extend_forward=2.36e-3, decode_forward=1.35e-3, row_step=0.0, catchup_token=26e-6,
-                    context_row_step=0.0),
-    verify=VerifyCost(fixed=11.5e-3, row=0.0, token=34e-6, context_token=0.0),
-    source="profiled",
-    plain=PlainCost(fixed=9.9e-3, row=29e-6, context_token=0.0),
-)  # fmt: skip
+
+def profiled_costs(
+    *, extend: float, decode: float, catchup_token: float, verify: float, verify_token: float,
+    plain: float, plain_row: float,
+) -> CostModel:  # fmt: skip
+    """A profiled cost model with the terms the H200 profiles fit (seconds); the others 0."""
+    return CostModel(
+        draft=DraftCost(extend, decode, row_step=0.0, catchup_token=catchup_token, context_row_step=0.0),
+        verify=VerifyCost(verify, row=0.0, token=verify_token, context_token=0.0),
+        source="profiled",
+        plain=PlainCost(plain, row=plain_row, context_token=0.0),
+    )
+
+
+# The cost-faithful pairs on an H200, rounded. 7.18B / 0.42B (results/gpu/2026-12-01-ab/
+# costs.json): drafting rarely pays there, so the allocator's bound ends most steps.
+H200_7B = profiled_costs(extend=2.26e-3, decode=1.32e-3, catchup_token=1.52e-5, verify=6.93e-3,
+                         verify_token=1.85e-5, plain=5.65e-3, plain_row=2.13e-5)  # fmt: skip
+# 13.5B / 0.42B (results/gpu/2026-12-01-14b-ab/costs.json).
+H200_14B = profiled_costs(extend=2.36e-3, decode=1.35e-3, catchup_token=26e-6, verify=11.5e-3,
+                          verify_token=34e-6, plain=9.9e-3, plain_row=29e-6)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,3 +86,8 @@ def write_faser_config(path: Path, **fields) -> dict[str, str]:
 
 def read_trace(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def catchup_gaps(steps: list[dict]) -> list[int]:
+    """Committed tokens the draft had not seen, per drafting request-step of a trace."""
+    return [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]

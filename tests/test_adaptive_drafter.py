@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from conftest import H200_14B
+from conftest import H200_7B, H200_14B
 from faser_sglang.bench.client import ReplayResult, RequestTiming
 from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.adaptive import (
@@ -403,21 +403,10 @@ def test_near_optimal_against_brute_force():
     assert min(ratios) > 0.95 and np.mean(ratios) > 0.999
 
 
-# The profile of the 7.18B / 0.42B cost-faithful pair on an H200 (results/gpu/2026-12-01-ab/
-# costs.json, rounded): drafting rarely pays there, so the allocator's bound ends most steps.
-H200_PAIR = CostModel(
-    draft=DraftCost(extend_forward=2.26e-3, decode_forward=1.32e-3, row_step=0.0, catchup_token=1.52e-5,
-                    context_row_step=0.0),
-    verify=VerifyCost(fixed=6.93e-3, row=0.0, token=1.85e-5, context_token=0.0),
-    source="profiled",
-    plain=PlainCost(fixed=5.65e-3, row=2.13e-5, context_token=0.0),
-)  # fmt: skip
-
-
 @pytest.mark.parametrize("which", ["analytical Llama-3.1-8B / 3.2-1B", "profiled 7.18B pair"])
 def test_allocator_overhead(which):
     rng = np.random.default_rng(0)
-    model = H200_PAIR if which.startswith("profiled") else analytical(
+    model = H200_7B if which.startswith("profiled") else analytical(
         ModelShape.from_config(TARGET_CONFIG, "bfloat16"),
         ModelShape.from_config(DRAFT_CONFIG, "bfloat16"),
         gpu_spec("NVIDIA H200"),

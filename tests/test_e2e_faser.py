@@ -16,7 +16,7 @@ import requests
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from conftest import read_trace, write_faser_config
+from conftest import catchup_gaps, read_trace, write_faser_config
 from fuzz_utils import faser_flags
 from server_utils import generate, launch_server
 
@@ -197,7 +197,7 @@ def test_self_draft_accepts_every_token_after_plain_decode_steps(tiny_models, tm
     with launch_faser(tiny_models.target, tiny_models.target, env) as server:
         generate(server.base_url, PROMPTS, {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
     steps = read_trace(trace)
-    gaps = [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]
+    gaps = catchup_gaps(steps)
     assert sum(sum(s["draft_lens"]) for s in steps) > 0
     assert max(gaps) >= 3, "no catch-up spanned plain decode steps"
     assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
@@ -321,7 +321,7 @@ def test_decode_rows_verify_and_catch_up_are_lossless(nospec, tiny_models, tmp_p
         assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference
         assert_second_token_follows_target(tiny_models, server.base_url)
     steps = read_trace(trace)
-    gaps = [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]
+    gaps = catchup_gaps(steps)
     assert max(gaps) >= 2, "no catch-up fed more than one committed token"
     assert any(len(set(s["draft_lens"])) > 1 for s in steps)
     assert all(s["verify_forward"] == ("decode_rows" if any(s["draft_lens"]) else "plain_decode") for s in steps)

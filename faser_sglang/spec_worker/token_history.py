@@ -55,9 +55,7 @@ class TokenHistory:
             flat = torch.arange(total, device=device)  # [total]
             positions = flat - torch.repeat_interleave(firsts, lens, output_size=total)
             rows = torch.repeat_interleave(batch.req_pool_indices, lens, output_size=total)  # [total]
-            self.ids[rows, positions] = values.to(
-                device, non_blocking=True
-            )
+            self.ids[rows, positions] = values.to(device, non_blocking=True)
         self.ids[batch.req_pool_indices, batch.seq_lens] = first_tokens.to(torch.int32)
 
     def write_step(

@@ -26,7 +26,7 @@ import pytest
 import requests
 import torch
 
-from conftest import TinyModels, build_tiny_models, read_trace, write_faser_config
+from conftest import TinyModels, build_tiny_models, catchup_gaps, read_trace, write_faser_config
 from faser_sglang.bench.servers import launch
 
 pytestmark = [
@@ -267,7 +267,7 @@ def test_identity_model_accepts_every_draft(variant, policy, gpu_models, tmp_pat
     drafted = sum(sum(s["draft_lens"]) for s in steps)
     accepted = sum(sum(s["num_accepted"]) for s in steps)
     mean_len = sum(o["meta_info"]["spec_accept_length"] for o in outs) / len(outs)
-    gaps = [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]
+    gaps = catchup_gaps(steps)
     _record({"test": "identity_acceptance", "variant": variant, "policy": policy, "drafted": drafted,
              "accepted": accepted, "mean_spec_accept_length": round(mean_len, 3),
              "max_catchup_gap": max(gaps, default=0)})  # fmt: skip
