@@ -2,7 +2,8 @@
 
     python scripts/profile_costs.py --target TARGET --draft DRAFT --out costs.json \\
         [--k-max 8] [--batch-sizes 1,2,4,...,256] [--long-batch-sizes 1,4,16,32] \\
-        [--attention-backend flashinfer] [--dtype bfloat16] [--server-args "..."]
+        [--attention-backend flashinfer] [--dtype bfloat16] [--draft-prefill eager|lazy] \\
+        [--server-args "..."]
 
 Timings come from the real server, not from standalone forwards: one FASER server
 runs policy "random" (every step draws fresh per-request lengths in [0, K_max]) with
@@ -11,7 +12,9 @@ a per-step trace. For each batch size bs it is sent bs requests at once that dec
 prompts give short contexts, the "long" workload 2k-8k-token ones. Every traced
 decode step is one sample (step seconds, lengths, context lengths, draft KV fill,
 and draft-phase seconds when the worker records them; steps whose cap is 0 are plain
-decodes, which get their own term); the cost model is fitted on
+decodes, which get their own term); with --draft-prefill lazy each request's first
+catch-up feeds its whole prompt (one EXTEND forward), the cost a lazily prefilled
+request pays when it first drafts; the cost model is fitted on
 80% of them, its MAPE on the other 20% is printed and stored with it, and the entry
 is written to --out under this GPU/target/draft/attention-backend/dtype key (other
 entries of the file are kept). Point FASER_CONFIG's ``cost_model_path`` at the file.
@@ -53,6 +56,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-name", default=None, help="key's GPU name (default: torch.cuda.get_device_name(0))")
     p.add_argument("--server-args", default="", help="extra sglang.launch_server flags, one string")
     p.add_argument("--holdout", type=float, default=0.2, help="fraction of steps kept out of the fit for MAPE")
+    p.add_argument(
+        "--draft-prefill",
+        choices=("eager", "lazy"),
+        default="eager",
+        help="when the draft reads a prompt; lazy: a request's first catch-up is its whole prompt "
+        "(times the long catch-ups a lazily prefilled request pays)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="where the trace and server config go (default: a temp dir)")
     p.add_argument("--launch-timeout", type=float, default=1200.0)
@@ -93,7 +103,11 @@ def main(argv: Sequence[str] | None = None) -> CostModel:
     trace = work / "trace.jsonl"
     trace.unlink(missing_ok=True)  # the worker appends
     config = work / "faser.json"
-    config.write_text(json.dumps({"policy": "random", "trace_path": str(trace), "seed": args.seed}))
+    config.write_text(
+        json.dumps(
+            {"policy": "random", "trace_path": str(trace), "seed": args.seed, "draft_prefill": args.draft_prefill}
+        )
+    )
     plan = sweep_plan(args.batch_sizes, args.long_batch_sizes)
     contender = servers.faser(args.draft, args.k_max, str(config))
     server_flags = [

@@ -670,7 +670,7 @@ def test_profile_script_sweeps_fits_and_saves(tmp_path, monkeypatch, capsys):
         "--gpu-name", "NVIDIA H200", "--work-dir", str(tmp_path / "work"),
         "--batch-sizes", "1,4,16,64,256", "--long-batch-sizes", "1,8",
     ])  # fmt: skip
-    assert launched["config"]["policy"] == "random"
+    assert launched["config"]["policy"] == "random" and launched["config"]["draft_prefill"] == "eager"
     assert "--max-running-requests" in launched["args"] and "256" in launched["args"]
     printed = capsys.readouterr().out
     assert "held-out MAPE" in printed and "draft and verify fitted apart" in printed

@@ -30,7 +30,9 @@
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
 # the GPU-1 job and TP=2 runs are left out.
 #
-# SWEEP_RATES="" leaves the rate sweep out.
+# SWEEP_RATES="" leaves the rate sweep out. LAZY_PROFILE=<batch sizes, e.g. 1,4,16,64,1,4,16,64>
+# adds, after the A/B, a profile with lazy draft prefill (16-token requests, so many
+# steps pay a prompt-long catch-up) whose per-step trace stays in profile-lazy/.
 # PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
 # default, 7.18B / 0.42B; cost-faithful-14b, 13.5B / 0.42B); the same value on every call.
 #
@@ -133,6 +135,12 @@ case ${1:?call: 1|2|3|4} in
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
       $AB_CMD
       touch $RES/ab.done
+      if [[ -n '${LAZY_PROFILE:-}' ]]; then  # long catch-ups: traced steps of a lazily prefilled profile
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
+          --out $RES/costs-lazy.json --work-dir $RES/profile-lazy --draft-prefill lazy --k-max 7 \
+          --batch-sizes '${LAZY_PROFILE:-}' --long-batch-sizes '' --max-new-tokens 16 \
+          --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20 || true
+      fi
       if (( $NUM_GPUS >= 2 )); then
         OUT=$RES/tests-tp2 bash scripts/gpu/run_gpu_tests.sh -k tp2 | tail -15 || true
         python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab-tp2 \
