@@ -33,10 +33,10 @@ class PhaseClock:
         self.enabled = enabled
         self.device = device
         self.seconds: dict[str, float] = {}
-        self.labels: dict[str, str] = {}
+        self.labels: dict[str, str | int] = {}
         self._last = time.perf_counter()
 
-    def label(self, key: str, value: str) -> None:
+    def label(self, key: str, value: str | int) -> None:
         """A fact about the step for the trace (e.g. which forward the verify ran)."""
         if self.enabled:
             self.labels[key] = value
@@ -61,7 +61,7 @@ class StepRecord:
     num_accepted: Sequence[int]
     seconds: float
     phase_seconds: dict[str, float]
-    labels: dict[str, str]
+    labels: dict[str, str | int]
 
     def to_json(self) -> str:
         return json.dumps(

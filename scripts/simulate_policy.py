@@ -2,7 +2,8 @@
 
     python scripts/simulate_policy.py --costs costs.json [--accept 0.61 0.54 0.64 0.55] \\
         [--bad-accept 0.3 --bad-steps 100] [--batch-sizes 1 4 16 64] [--steps 3000] \\
-        [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16]
+        [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16] \\
+        [--catchup-piece-tokens 128]
 
 No GPU and no server: the real policy object (acceptance windows, pooled prior,
 allocator) chooses every step's lengths; drafts are accepted at random with the given
@@ -12,7 +13,10 @@ per-position conditional probabilities (the last one repeats), for the first
 the batch size. Draft KV follows the worker's rules: a request that drafts k catches
 up and feeds all but its last draft (its draft KV then covers min(L + k, the new
 committed length)); one that does not lags; a new request starts with no draft KV
-(lazy prefill, the adaptive default) or with its prompt (--eager-prefill).
+(lazy prefill, the adaptive default) or with its prompt (--eager-prefill). A catch-up
+runs as one draft forward per --catchup-piece-tokens tokens (the draft's largest
+decode CUDA graph, --cuda-graph-max-bs; 0: always one forward), at most
+MAX_CATCHUP_PIECES, as the worker runs it.
 
 For each batch size it prints the share of steps in which anyone drafted, the mean
 drafts per step over the last quarter of the run, and the cost model's throughput of
@@ -28,7 +32,7 @@ import argparse
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from tqdm import tqdm
 
@@ -59,6 +63,7 @@ def simulate(
     output_tokens: int,
     eager_prefill: bool,
     seed: int,
+    piece_tokens: Optional[int] = None,
 ) -> SimResult:
     rng = random.Random(seed)
     policy = AdaptiveDrafterPolicy(config, cost)
@@ -71,12 +76,12 @@ def simulate(
             next_id += 1
         rids = list(live)
         seq_lens = tuple(live[r][0] for r in rids)
-        context = StepContext(seq_lens, tuple(live[r][1] for r in rids))
+        context = StepContext(seq_lens, tuple(live[r][1] for r in rids), catchup_piece_tokens=piece_tokens)
         lengths = policy.choose(rids, k_max, context)
         probs = bad_accept if step < bad_steps else accept
         accepted = [_accepted(rng, k, probs) for k in lengths]
         policy.observe(rids, lengths, accepted)
-        seconds += cost.step_time(lengths, seq_lens, context.catchup_tokens())
+        seconds += cost.step_time(lengths, seq_lens, context.catchup_tokens(), piece_tokens)
         plain_seconds += cost.no_draft_time(seq_lens)
         tokens += sum(accepted) + len(rids)
         drafting += any(lengths)
@@ -122,6 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output-tokens", type=int, default=256)
     p.add_argument("--eager-prefill", action="store_true")
     p.add_argument("--catchup-horizon", type=int, default=FaserConfig.catchup_horizon)
+    p.add_argument("--catchup-piece-tokens", type=int, default=128, help="0: a catch-up is one forward")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
@@ -136,6 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             cost, config, bs, accept=args.accept, bad_accept=args.bad_accept, bad_steps=args.bad_steps,
             steps=args.steps, k_max=args.k_max, prompt_tokens=tuple(args.prompt_tokens),
             output_tokens=args.output_tokens, eager_prefill=args.eager_prefill, seed=args.seed,
+            piece_tokens=args.catchup_piece_tokens or None,
         )  # fmt: skip
         print(f"| {r.batch_size} | {r.drafting_steps:.1%} | {r.late_drafts:.2f} | {r.speedup:.3f}x |")
 

@@ -22,6 +22,7 @@ from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.adaptive import (
     AcceptanceWindows,
     AdaptiveDrafterPolicy,
+    CatchupPieces,
     CostKey,
     CostModel,
     Deployment,
@@ -206,6 +207,27 @@ def test_fit_recovers_known_coefficients_and_reports_mape():
     slopes = dict(zip(model.verify.knots, model.verify.knot_slopes))
     assert slopes[512.0] == pytest.approx(4.0e-5, rel=0.15)  # the compute-bound knee
     assert slopes[256.0] < 4e-6 and slopes[1024.0] < 4e-6
+
+
+def test_fit_prices_each_catch_up_forward():
+    """A catch-up longer than the draft's CUDA graphs runs in pieces; the trace records
+    how many forwards it ran and the fit prices each one."""
+    rng = np.random.default_rng(5)
+    samples = []
+    for s in synthetic_steps(KNOWN, 400, seed=5, noise=0.0, with_draft_seconds=True):
+        forwards = int(rng.integers(1, 4)) if any(s.draft_lens) else 1
+        draft = KNOWN.draft_time_of(s.draft_lens, s.seq_lens, s.catchup, forwards) if any(s.draft_lens) else 0.0
+        verify = s.seconds - (s.draft_seconds or 0.0)
+        samples.append(replace(s, seconds=draft + verify, draft_seconds=draft, catchup_forwards=forwards))
+    model = fit(samples, knots=(256, 512, 1024))
+    assert model.draft.extend_forward == pytest.approx(KNOWN.draft.extend_forward, rel=0.02)
+    assert model.holdout_mape < 0.01
+    record = {"draft_lens": [2], "seq_lens": [300], "draft_kv_lens": [0], "seconds": 0.02}
+    assert StepSample.from_trace_record(record).catchup_forwards == 1  # traces before pieces
+    assert StepSample.from_trace_record({**record, "catchup_forwards": 3}).catchup_forwards == 3
+    # A model prices the forwards a catch-up of the step's tokens runs.
+    one, three = (KNOWN.draft_time((2,), (300,), (301,), p) for p in (None, 128))
+    assert three - one == pytest.approx(2 * KNOWN.draft.extend_forward)
 
 
 def test_joint_fit_without_draft_seconds_still_predicts():
@@ -546,6 +568,27 @@ def test_a_lazy_request_drafts_despite_its_prompt_backlog():
     assert at_once.choose(["new"], 6, ctx) == [0]
     # Caught up, both draft: the horizon only changes how the backlog is charged.
     assert at_once.choose(["new"], 6, StepContext((300,), (299,)))[0] >= 1
+
+
+def test_catch_up_pieces_of_a_backlog_are_charged_over_the_horizon():
+    pieces = CatchupPieces(np.array([2.0]), np.array([302.0]), piece_tokens=128, horizon=4)
+    # F(2) = 1 forward of its own; F(302) = 3, the 2 more are the backlog's: 1 + 2 / 4.
+    np.testing.assert_allclose(pieces.charged(np.array([2.0, 2.0]), np.array([2.0, 302.0])), [1.0, 1.5])
+    # The allocator charges exactly that: one request with the backlog, horizon 1.
+    gains = np.full((1, 4), 0.99) ** np.arange(1, 5)
+    seq, catchup = np.array([300]), np.array([301.0])
+    whole = CatchupPieces(np.array([2.0]), catchup, piece_tokens=128, horizon=1)
+    a = allocate(gains, seq, catchup, H200_14B, pieces=whole)
+    assert a.draft_lens[0] >= 1
+    assert a.step_seconds == pytest.approx(H200_14B.step_time(a.draft_lens, seq, catchup, 128))
+    assert a.step_seconds > allocate(gains, seq, catchup, H200_14B).step_seconds  # 3 forwards, not 1
+
+
+def test_a_lazy_request_drafts_despite_its_backlog_in_pieces():
+    """The 300-token prompt's catch-up runs in 3 decode-row pieces of 128 (the draft's
+    CUDA graphs); the default horizon still lets the new request draft."""
+    policy = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive", prior_accept_rate=0.6), H200_14B)
+    assert policy.choose(["new"], 6, StepContext((300,), (0,), catchup_piece_tokens=128))[0] >= 1
 
 
 def test_deployment_from_runners_with_fake_sglang_objects():

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from faser_sglang.config import FaserConfig
-from faser_sglang.spec_worker.chunk_forward import ChunkForward, _last_token_index
+from faser_sglang.spec_worker.chunk_forward import ChunkForward, _last_token_index, pieces
+from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES, catchup_forwards
 from faser_sglang.spec_worker.worker import fit_token_budget
 
 
@@ -76,3 +77,35 @@ def test_fit_token_budget(lengths, budget, fitted):
     if budget is not None and len(lengths) <= budget:
         assert sum(got) + len(got) <= budget
         assert all(0 <= g <= k for g, k in zip(got, lengths))
+
+
+def test_pieces_cut_the_chunk_in_order():
+    # The module docstring's example: rows [0, 2], starts [10, 4], lens [2, 1].
+    assert pieces([0, 2], [10, 4], [2, 1], 2) == [[(0, 10, 2)], [(2, 4, 1)]]
+    assert pieces([0, 2], [10, 4], [2, 1], 1) == [[(0, 10, 1)], [(0, 11, 1)], [(2, 4, 1)]]
+    assert pieces([0, 2], [10, 4], [2, 1], 3) == [[(0, 10, 2), (2, 4, 1)]]
+    cut = pieces([0, 1, 2], [5, 9, 0], [7, 1, 4], 5)
+    assert all(sum(n for _, _, n in p) <= 5 for p in cut)
+    # Every token exactly once, each row's positions contiguous and ascending.
+    fed = [(row, start + j) for p in cut for row, start, n in p for j in range(n)]
+    assert fed == [(0, p) for p in range(5, 12)] + [(1, 9)] + [(2, p) for p in range(4)]
+
+
+def test_catch_up_forwards_in_pieces_up_to_the_limit():
+    chunks = ChunkForward(runner_with_graphs(64), req_to_token_pool=None, mode="auto")
+    assert chunks.forwards(64, max_pieces=8) == 1
+    assert chunks.forwards(65, max_pieces=8) == 2
+    assert chunks.forwards(512, max_pieces=8) == 8
+    assert chunks.uses_decode_rows(512, max_pieces=8) and not chunks.uses_decode_rows(512)
+    assert chunks.forwards(513, max_pieces=8) == 1  # one EXTEND
+    assert not chunks.uses_decode_rows(513, max_pieces=8)
+    assert ChunkForward(runner_with_graphs(64), None, mode="extend").forwards(500, max_pieces=8) == 1
+    rows = ChunkForward(runner_with_graphs(None, max_running_requests=4), None, mode="decode_rows")
+    assert rows.row_limit() == 4 and rows.forwards(9, max_pieces=8) == 3
+
+
+def test_catchup_forwards_prices_pieces_up_to_the_limit():
+    assert catchup_forwards(5, None) == 1
+    assert catchup_forwards(128, 128) == 1
+    assert catchup_forwards(129, 128) == 2
+    assert catchup_forwards(100_000, 128) == MAX_CATCHUP_PIECES  # one EXTEND, about as dear

@@ -180,8 +180,12 @@ def test_identity_model_as_its_own_draft_accepts_every_token(tiny_models, tmp_pa
     assert all(o["meta_info"]["spec_accept_length"] == pytest.approx(21 / 5) for o in outs)
 
 
-@pytest.mark.parametrize("chunk_forward", ["extend", "decode_rows"])
-def test_self_draft_accepts_every_token_after_plain_decode_steps(tiny_models, tmp_path, chunk_forward):
+@pytest.mark.parametrize(
+    "chunk_forward, server_args",
+    [("extend", ()), ("decode_rows", ()), ("decode_rows", ("--max-running-requests", "2"))],
+    ids=["extend", "decode_rows", "decode_row_pieces"],
+)
+def test_self_draft_accepts_every_token_after_plain_decode_steps(tiny_models, tmp_path, chunk_forward, server_args):
     """The tiny target as its own draft, random lengths with k = 0 included: a request's
     drafting step after plain decodes catches its draft up over several committed
     tokens. Its greedy drafts equal the target's greedy tokens iff the draft's KV holds
@@ -189,18 +193,21 @@ def test_self_draft_accepts_every_token_after_plain_decode_steps(tiny_models, tm
     position), so every draft is accepted iff every catch-up (after a prefill, after
     plain decodes, after partial accepts) feeds the right tokens at the right positions
     (float32: no near-ties at this size). Lossless alone cannot show this: a wrong
-    catch-up costs acceptance, not output."""
+    catch-up costs acceptance, not output. With two decode rows per forward
+    (--max-running-requests 2) catch-ups run in pieces of two tokens."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(
         tmp_path / "faser.json", policy="random", chunk_forward=chunk_forward, trace_path=str(trace), seed=7
     )
-    with launch_faser(tiny_models.target, tiny_models.target, env) as server:
+    with launch_faser(tiny_models.target, tiny_models.target, env, *server_args) as server:
         generate(server.base_url, PROMPTS, {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
     steps = read_trace(trace)
     gaps = catchup_gaps(steps)
     assert sum(sum(s["draft_lens"]) for s in steps) > 0
     assert max(gaps) >= 3, "no catch-up spanned plain decode steps"
     assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
+    if server_args:
+        assert any(s.get("catchup_forwards", 0) > 1 for s in steps), "no catch-up ran in pieces"
 
 
 def test_frontend_program_with_fork(nospec, faser):

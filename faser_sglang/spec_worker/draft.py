@@ -1,8 +1,9 @@
 """Draft phase: propose k_i tokens for every request with a separate draft model.
 
-Only requests with k_i > 0 run. One catch-up forward (chunk_forward.py: EXTEND or
-decode rows) feeds each such request the committed tokens its draft KV is missing
-plus its bonus token; its last logits give draft 1. Then DECODE forwards add one
+Only requests with k_i > 0 run. A catch-up (chunk_forward.py: one EXTEND forward, or
+decode rows, up to MAX_CATCHUP_PIECES forwards of them) feeds each such request the
+committed tokens its draft KV is missing plus its bonus token; its last logits give
+draft 1. Then DECODE forwards add one
 draft per step, each over only the requests that still want more, so the draft runs
 max(k_i) forwards and no request pays for a longer neighbour.
 
@@ -25,6 +26,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from faser_sglang.layout import RaggedLayout
 from faser_sglang.spec_worker.batch_views import RowSelection, decode_forward_batch
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
+from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES
 from faser_sglang.spec_worker.sampling import SamplingRows, greedy_tokens, sampling_probs
 from faser_sglang.spec_worker.token_history import TokenHistory
 from faser_sglang.tensors import device_tensor
@@ -35,6 +37,7 @@ class DraftOutput:
     tokens: torch.Tensor  # [bs, K_max] int64, zero past each row's k_i
     probs: Optional[torch.Tensor]  # [bs, K_max, V] float32 q of each draft; None if all greedy
     draft_kv_lens: list[int]  # [bs] draft KV fill after this phase
+    catchup_forwards: int  # forwards the catch-up ran (0: nobody drafted)
 
 
 class DraftPhase:
@@ -65,8 +68,9 @@ class DraftPhase:
         new_kv_lens = list(draft_kv_lens)
         active = [i for i in range(bs) if k[i] > 0]
         if not active:
-            return DraftOutput(tokens, probs, new_kv_lens)
+            return DraftOutput(tokens, probs, new_kv_lens, 0)
 
+        catchup = sum(seq_lens[i] + 1 - draft_kv_lens[i] for i in active)
         logits = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [len(active), V]
         rows = active
         for step in range(max(k[i] for i in active)):
@@ -84,7 +88,7 @@ class DraftPhase:
             logits = self._decode(batch, rows, seq_lens, step + 1, picked.tokens[keep_t])
         for i in active:
             new_kv_lens[i] = seq_lens[i] + k[i]
-        return DraftOutput(tokens, probs, new_kv_lens)
+        return DraftOutput(tokens, probs, new_kv_lens, self.chunks.forwards(catchup, MAX_CATCHUP_PIECES))
 
     def _catch_up(
         self,
@@ -103,7 +107,9 @@ class DraftPhase:
             rows.extend([batch.reqs[i].req_pool_idx] * n)
             positions.extend(range(start, start + n))
         input_ids = history.gather(rows, positions)  # [sum(lens)]
-        return self.chunks.logits(batch, active, starts, lens, input_ids, last_only=True)
+        return self.chunks.logits(
+            batch, active, starts, lens, input_ids, last_only=True, max_pieces=MAX_CATCHUP_PIECES
+        )
 
     def _decode(
         self,

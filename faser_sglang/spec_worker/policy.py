@@ -34,6 +34,9 @@ class StepContext:
     draft_kv_lens: tuple[int, ...]  # [bs] tokens already in the draft model's KV
     # Verify tokens (sum of k_i + 1) the step's CUDA graphs hold; None: no such cap.
     max_verify_tokens: Optional[int] = None
+    # Catch-up tokens one draft forward feeds (a catch-up of c tokens runs ceil(c / this)
+    # forwards, at most MAX_CATCHUP_PIECES); None: one forward whatever c.
+    catchup_piece_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         if len(self.seq_lens) != len(self.draft_kv_lens):
@@ -48,6 +51,20 @@ class StepContext:
     def catchup_tokens(self) -> tuple[int, ...]:
         """[bs] tokens the draft's catch-up forward feeds a request if it drafts."""
         return tuple(n - d + 1 for n, d in zip(self.seq_lens, self.draft_kv_lens))
+
+
+# Most decode-row forwards a draft catch-up runs as (chunk_forward.pieces) before it
+# takes one EXTEND forward: on an H200 eight graph replays of the 0.42B draft (~2.5 ms
+# each) still beat its eager EXTEND (20-45 ms whatever the length, profiled 2026-12-01),
+# so pricing a longer catch-up as this many forwards is about right too.
+MAX_CATCHUP_PIECES = 8
+
+
+def catchup_forwards(tokens: float, piece_tokens: Optional[int]) -> int:
+    """Draft forwards a catch-up of ``tokens`` (> 0) costs, pieces of ``piece_tokens``."""
+    if piece_tokens is None:
+        return 1
+    return min(max(math.ceil(tokens / piece_tokens), 1), MAX_CATCHUP_PIECES)
 
 
 def draft_room(batch_size: int, max_verify_tokens: Optional[int]) -> Optional[int]:

@@ -172,7 +172,9 @@ class FaserWorker(BaseSpecWorker):
         seq_lens = batch.seq_lens_cpu.tolist()
         draft_kv_lens = state.draft_kv_lens(seq_lens)
         budget = self.verify_phase.chunks.token_budget()
-        context = StepContext(tuple(seq_lens), tuple(draft_kv_lens), budget)
+        context = StepContext(
+            tuple(seq_lens), tuple(draft_kv_lens), budget, self.draft_phase.chunks.row_limit() or None
+        )
         lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs, seq_lens)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
         bonus = self.history.bonus(batch)  # [bs]
@@ -186,6 +188,7 @@ class FaserWorker(BaseSpecWorker):
         drafts = self.draft_phase.run(batch, layout, draft_kv_lens, sampling, self.generator, self.history)
         self.agreement.tokens(drafts.tokens)
         clock.mark("draft")
+        clock.label("catchup_forwards", drafts.catchup_forwards)
         clock.label("verify_forward", self.verify_phase.chunks.forward_name(layout.num_verify_tokens))
         logits = layout.to_padded(
             self.verify_phase.run(batch, layout, bonus, drafts.tokens)

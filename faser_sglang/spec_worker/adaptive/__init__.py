@@ -9,7 +9,7 @@ and sliding-window acceptance estimates, chosen to maximise the batch's tokens/s
 """
 
 from faser_sglang.spec_worker.adaptive.acceptance import AcceptanceWindows
-from faser_sglang.spec_worker.adaptive.allocator import Allocation, allocate
+from faser_sglang.spec_worker.adaptive.allocator import Allocation, CatchupPieces, allocate
 from faser_sglang.spec_worker.adaptive.cost_model import (
     CostKey,
     CostModel,
@@ -35,6 +35,7 @@ __all__ = [
     "AcceptanceWindows",
     "AdaptiveDrafterPolicy",
     "Allocation",
+    "CatchupPieces",
     "CostKey",
     "CostModel",
     "Deployment",

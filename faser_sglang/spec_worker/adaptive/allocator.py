@@ -20,7 +20,10 @@ request i from k_i = j to j + 1, gains g[i, j] tokens and costs
   j > 0, plus reading the request's context in that forward;
 - one more verify token, whose price v_n (the n-th extra token) depends only on
   how many items were taken, since every item adds exactly one verify token;
-- a whole draft forward when it is the first item at its depth j + 1.
+- a whole draft forward when it is the first item at its depth j + 1, and more
+  catch-up forwards as the catch-up tokens of the requests drafting so far grow (a
+  catch-up longer than the CUDA graphs hold runs in several decode-row forwards:
+  ``CatchupPieces``).
 Adding an item with gain g and cost c raises R = S / T iff g / c > R, so items are
 offered best first by marginal efficiency g / (c + v_1): the order in which
 single-position greedy would add them. Within a request the order is kept a prefix
@@ -28,7 +31,8 @@ single-position greedy would add them. Within a request the order is kept a pref
 catch-up cost, is ranked by the best efficiency of the bundles it opens, so a long
 catch-up does not hide a good request). Walking that order, R is evaluated exactly
 after every item (cumulative gains, cumulative own costs, verify price from the
-item count, forward cost from the deepest item so far), and the best point is kept
+item count, forward cost from the deepest item so far and the catch-up tokens so
+far), and the best point is kept
 instead of stopping at the first item that does not pay: a new draft forward is
 shared by every request that uses it, and only the group pays for it. The walk is
 repeated for each depth cap 1..K_max (items deeper than the cap left out), so deep
@@ -62,8 +66,31 @@ from typing import Optional
 import numpy as np
 
 from faser_sglang.spec_worker.adaptive.cost_model import CostModel
+from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES
 
 MIN_ITEM_SECONDS = 1e-12
+
+
+@dataclass(frozen=True)
+class CatchupPieces:
+    """Catch-up forwards a step is charged: a catch-up of c tokens runs F(c) =
+    ceil(c / piece_tokens) forwards, at most MAX_CATCHUP_PIECES. The forwards of the
+    requests' usual catch-ups (``steady`` tokens) are the step's own; those a backlog
+    adds are paid once and charged 1/``horizon`` (as its tokens: drafter.charged_catchup):
+    F(steady) + (F(total) - F(steady)) / horizon."""
+
+    steady: np.ndarray  # [bs] each request's usual catch-up tokens
+    total: np.ndarray  # [bs] all its catch-up tokens
+    piece_tokens: int
+    horizon: int
+
+    def charged(self, steady: np.ndarray, total: np.ndarray) -> np.ndarray:
+        """[n] forwards charged for catch-ups of ``steady`` / ``total`` tokens ([n] each)."""
+        usual = self._forwards(steady)
+        return usual + (self._forwards(total) - usual) / self.horizon
+
+    def _forwards(self, tokens: np.ndarray) -> np.ndarray:
+        return np.clip(np.ceil(tokens / self.piece_tokens), 1, MAX_CATCHUP_PIECES)
 
 
 @dataclass(frozen=True)
@@ -83,6 +110,7 @@ def allocate(
     catchup: np.ndarray,  # [bs] catch-up tokens charged to the step if a request drafts
     cost: CostModel,
     max_drafts: Optional[int] = None,  # at most this many drafts in all (None: no cap)
+    pieces: Optional[CatchupPieces] = None,  # None: a catch-up is one forward
 ) -> Allocation:
     """Draft lengths maximising expected tokens per second (see the module docstring).
 
@@ -123,6 +151,11 @@ def allocate(
     # [K+1] seconds of draft forwards when the deepest draft is 0..K.
     forward = np.concatenate(([0.0], d.extend_forward + d.decode_forward * np.arange(k_max)))
 
+    if pieces is not None:  # [M] catch-up tokens each item adds (its request's, at j = 0)
+        first = level == 0
+        item_steady = np.where(first, pieces.steady[order % bs], 0.0)
+        item_total = np.where(first, pieces.total[order % bs], 0.0)
+
     best = no_draft
     for cap in range(1, k_max + 1):
         offered = np.flatnonzero(level < cap)[:max_drafts]  # [n] items this walk may take, in order
@@ -133,6 +166,9 @@ def allocate(
             + verify[1 : len(walk_level) + 1]  # the i-th item is the i-th extra verify token
             + forward[np.maximum.accumulate(walk_level + 1)]  # forwards for the deepest so far
         )
+        if pieces is not None:  # catch-up forwards beyond the first
+            forwards = pieces.charged(np.cumsum(item_steady[offered]), np.cumsum(item_total[offered]))
+            seconds = seconds + d.extend_forward * (forwards - 1)
         rate = tokens / seconds
         last = int(np.argmax(rate))
         if rate[last] > best.tokens_per_second:

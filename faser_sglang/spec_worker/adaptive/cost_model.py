@@ -4,7 +4,7 @@ A step is a draft phase then a verify phase (see ``spec_worker.draft`` / ``verif
 
     T(k) = draft_time(k) + verify_time(k)
 
-    draft_time  = [m > 0] * extend_forward          one catch-up forward (m = max_i k_i)
+    draft_time  = F * extend_forward                the catch-up's forwards (F, below)
                 + max(m - 1, 0) * decode_forward    DECODE forwards 2..m
                 + sum_i max(k_i - 1, 0) * row_step  requests in those DECODE forwards
                 + sum_{k_i > 0} c_i * catchup_token tokens the catch-up feeds (c_i per request)
@@ -13,7 +13,10 @@ A step is a draft phase then a verify phase (see ``spec_worker.draft`` / ``verif
     verify_time = fixed + bs * row + N * token + C * context_token
                 + sum_b slope_b * max(0, N - knot_b)
 
-with N = sum_i (k_i + 1) verify tokens, C = sum_i L_i committed tokens. The hinge
+with N = sum_i (k_i + 1) verify tokens, C = sum_i L_i committed tokens, m = max_i k_i,
+and F = 0 when nobody drafts, else the forwards the catch-up of c = sum_{k_i > 0} c_i
+tokens runs as: ceil(c / piece tokens) decode-row pieces, at most MAX_CATCHUP_PIECES
+(policy.catchup_forwards; one when the step has no piece size). The hinge
 terms make verify time piecewise linear and convex in N: flat-ish while the target
 forward is bound by reading its weights, steeper once the GEMMs become compute
 bound. Everything except the first draft term is what the allocator prices per
@@ -61,6 +64,7 @@ from faser_sglang.spec_worker.adaptive.hardware import (
     GpuSpec,
     ModelShape,
 )
+from faser_sglang.spec_worker.policy import catchup_forwards
 
 FILE_FORMAT = 1
 # Verify-token counts where the verify slope may change (filtered to the profiled range).
@@ -129,17 +133,36 @@ class CostModel:
             return self.verify_time([0] * len(seq_lens), seq_lens)
         return self.plain.time(len(seq_lens), float(sum(seq_lens)))
 
-    def draft_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int]) -> float:
-        return float(np.dot(_draft_features(draft_lens, seq_lens, catchup), _draft_vector(self.draft)))
+    def draft_time(
+        self,
+        draft_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        catchup: Sequence[int],
+        piece_tokens: Optional[int] = None,  # catch-up tokens per draft forward (None: one forward)
+    ) -> float:
+        forwards = catchup_forwards(_catchup_total(draft_lens, catchup), piece_tokens)
+        return self.draft_time_of(draft_lens, seq_lens, catchup, forwards)
+
+    def draft_time_of(
+        self, draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int], forwards: int
+    ) -> float:
+        """Draft-phase seconds when the catch-up runs ``forwards`` forwards."""
+        return float(np.dot(_draft_features(draft_lens, seq_lens, catchup, forwards), _draft_vector(self.draft)))
 
     def verify_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int]) -> float:
         return self.verify.time(len(draft_lens), sum(draft_lens) + len(draft_lens), float(sum(seq_lens)))
 
-    def step_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int]) -> float:
-        """Predicted seconds of a step with lengths ``draft_lens`` ([bs] each argument)."""
+    def step_time(
+        self,
+        draft_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        catchup: Sequence[int],
+        piece_tokens: Optional[int] = None,
+    ) -> float:
+        """Predicted seconds of a step with lengths ``draft_lens`` ([bs] each sequence)."""
         if not any(draft_lens):
             return self.no_draft_time(seq_lens)
-        return self.draft_time(draft_lens, seq_lens, catchup) + self.verify_time(draft_lens, seq_lens)
+        return self.draft_time(draft_lens, seq_lens, catchup, piece_tokens) + self.verify_time(draft_lens, seq_lens)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,6 +195,7 @@ class StepSample:
     catchup: tuple[int, ...]  # [bs] tokens the catch-up forward feeds each request if it drafts
     seconds: float  # whole step
     draft_seconds: Optional[float] = None  # draft phase alone, when the trace has it
+    catchup_forwards: int = 1  # forwards the catch-up ran (older traces: one)
 
     @classmethod
     def from_trace_record(cls, record: Mapping[str, Any]) -> "StepSample":
@@ -190,6 +214,7 @@ class StepSample:
             catchup=tuple(n - d + 1 for n, d in zip(seq, kv)),
             seconds=float(record["seconds"]),
             draft_seconds=None if draft_seconds is None else float(draft_seconds),
+            catchup_forwards=int(record.get("catchup_forwards", 1)),
         )
 
 
@@ -228,7 +253,9 @@ def fit(
     tokens = np.array([sum(s.draft_lens) + len(s.draft_lens) for s in samples], np.float64)
     # A knot past every training point has no data to fit its slope.
     knots = tuple(float(b) for b in knots if b < tokens[train].max())
-    x_draft = np.array([_draft_features(s.draft_lens, s.seq_lens, s.catchup) for s in samples])  # [n, 5]
+    x_draft = np.array(
+        [_draft_features(s.draft_lens, s.seq_lens, s.catchup, s.catchup_forwards) for s in samples]
+    )  # [n, 5]
     x_verify = np.array([_verify_features(s.draft_lens, s.seq_lens, knots) for s in samples])  # [n, 4+B]
     if all(samples[i].draft_seconds is not None for i in train):
         draft_seconds = np.array([np.nan if s.draft_seconds is None else s.draft_seconds for s in samples])
@@ -248,9 +275,22 @@ def fit(
         plain=plain,
     )
     held_out = [samples[i] for i in hold]
-    predicted = np.array([model.step_time(s.draft_lens, s.seq_lens, s.catchup) for s in held_out])
+    predicted = np.array([_recorded_step_time(model, s) for s in held_out])
     mape = float(np.mean(np.abs(predicted - seconds[hold]) / seconds[hold]))
     return replace(model, holdout_mape=mape, num_samples=n)
+
+
+def _recorded_step_time(model: CostModel, s: StepSample) -> float:
+    """The model's seconds for a profiled step, with the catch-up forwards it ran."""
+    if not any(s.draft_lens):
+        return model.no_draft_time(s.seq_lens)
+    draft = model.draft_time_of(s.draft_lens, s.seq_lens, s.catchup, s.catchup_forwards)
+    return draft + model.verify_time(s.draft_lens, s.seq_lens)
+
+
+def _catchup_total(draft_lens: Sequence[int], catchup: Sequence[int]) -> float:
+    """Tokens the catch-up feeds: the drafting requests' c_i."""
+    return float(sum(c for k, c in zip(draft_lens, catchup) if k > 0))
 
 
 def _plain_features(seq_lens: Sequence[int]) -> np.ndarray:
@@ -258,13 +298,15 @@ def _plain_features(seq_lens: Sequence[int]) -> np.ndarray:
     return np.array([1.0, float(len(seq_lens)), float(sum(seq_lens))])
 
 
-def _draft_features(draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int]) -> np.ndarray:
-    """[5] in DraftCost's field order."""
+def _draft_features(
+    draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int], forwards: int
+) -> np.ndarray:
+    """[5] in DraftCost's field order; ``forwards``: the catch-up's, if anyone drafts."""
     k = np.asarray(draft_lens, np.float64)
     m = k.max(initial=0.0)
     return np.array(
         [
-            float(m > 0),
+            float(forwards) if m > 0 else 0.0,
             max(m - 1.0, 0.0),
             np.maximum(k - 1.0, 0.0).sum(),
             np.asarray(catchup, np.float64)[k > 0].sum(),

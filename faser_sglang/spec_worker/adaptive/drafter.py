@@ -17,7 +17,7 @@ import numpy as np
 
 from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.adaptive.acceptance import AcceptanceWindows
-from faser_sglang.spec_worker.adaptive.allocator import allocate
+from faser_sglang.spec_worker.adaptive.allocator import CatchupPieces, allocate
 from faser_sglang.spec_worker.adaptive.cost_model import CostKey, CostModel, analytical, read_cost_entries
 from faser_sglang.spec_worker.adaptive.hardware import ModelShape, gpu_spec
 from faser_sglang.spec_worker.policy import StepContext
@@ -127,12 +127,18 @@ class AdaptiveDrafterPolicy:
             )
         if not rids:
             return []
+        catchup = np.asarray(context.catchup_tokens(), np.float64)  # [bs]
+        pieces = None
+        if context.catchup_piece_tokens is not None:
+            steady = np.minimum(catchup, STEADY_CATCHUP)
+            pieces = CatchupPieces(steady, catchup, context.catchup_piece_tokens, self.catchup_horizon)
         allocation = allocate(
             self.acceptance.gains(rids, k_max),
             np.asarray(context.seq_lens),
-            charged_catchup(np.asarray(context.catchup_tokens()), self.catchup_horizon),
+            charged_catchup(catchup, self.catchup_horizon),
             self.cost_model,
             max_drafts=context.max_drafts(),
+            pieces=pieces,
         )
         return list(allocation.draft_lens)
 
