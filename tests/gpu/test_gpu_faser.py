@@ -270,7 +270,8 @@ def test_identity_model_accepts_every_draft(variant, policy, gpu_models, tmp_pat
     gaps = catchup_gaps(steps)
     _record({"test": "identity_acceptance", "variant": variant, "policy": policy, "drafted": drafted,
              "accepted": accepted, "mean_spec_accept_length": round(mean_len, 3),
-             "max_catchup_gap": max(gaps, default=0)})  # fmt: skip
+             "max_catchup_gap": max(gaps, default=0),
+             "max_catchup_forwards": max((s.get("catchup_forwards", 0) for s in steps), default=0)})  # fmt: skip
     assert drafted > 0 and accepted == drafted
     if policy == "random":
         assert max(gaps) >= 3
