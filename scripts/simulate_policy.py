@@ -3,7 +3,7 @@
     python scripts/simulate_policy.py --costs costs.json [--accept 0.61 0.54 0.64 0.55] \\
         [--bad-accept 0.3 --bad-steps 100] [--batch-sizes 1 4 16 64] [--steps 3000] \\
         [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16] \\
-        [--catchup-piece-tokens 128]
+        [--catchup-piece-tokens 128] [--max-verify-tokens 128]
 
 No GPU and no server: the real policy object (acceptance windows, pooled prior,
 allocator) chooses every step's lengths; drafts are accepted at random with the given
@@ -16,7 +16,9 @@ committed length)); one that does not lags; a new request starts with no draft K
 (lazy prefill, the adaptive default) or with its prompt (--eager-prefill). A catch-up
 runs as one draft forward per --catchup-piece-tokens tokens (the draft's largest
 decode CUDA graph, --cuda-graph-max-bs; 0: always one forward), at most
-MAX_CATCHUP_PIECES, as the worker runs it.
+MAX_CATCHUP_PIECES, as the worker runs it, and a step's verify tokens stay within
+--max-verify-tokens (the target's largest decode CUDA graph; 0: no cap), as the
+worker asks of the allocator.
 
 For each batch size it prints the share of steps in which anyone drafted, the mean
 drafts per step over the last quarter of the run, and the cost model's throughput of
@@ -64,6 +66,7 @@ def simulate(
     eager_prefill: bool,
     seed: int,
     piece_tokens: Optional[int] = None,
+    max_verify_tokens: Optional[int] = None,
 ) -> SimResult:
     rng = random.Random(seed)
     policy = AdaptiveDrafterPolicy(config, cost)
@@ -76,7 +79,7 @@ def simulate(
             next_id += 1
         rids = list(live)
         seq_lens = tuple(live[r][0] for r in rids)
-        context = StepContext(seq_lens, tuple(live[r][1] for r in rids), catchup_piece_tokens=piece_tokens)
+        context = StepContext(seq_lens, tuple(live[r][1] for r in rids), max_verify_tokens, piece_tokens)
         lengths = policy.choose(rids, k_max, context)
         probs = bad_accept if step < bad_steps else accept
         accepted = [_accepted(rng, k, probs) for k in lengths]
@@ -128,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--eager-prefill", action="store_true")
     p.add_argument("--catchup-horizon", type=int, default=FaserConfig.catchup_horizon)
     p.add_argument("--catchup-piece-tokens", type=int, default=128, help="0: a catch-up is one forward")
+    p.add_argument("--max-verify-tokens", type=int, default=128, help="0: no cap")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
             cost, config, bs, accept=args.accept, bad_accept=args.bad_accept, bad_steps=args.bad_steps,
             steps=args.steps, k_max=args.k_max, prompt_tokens=tuple(args.prompt_tokens),
             output_tokens=args.output_tokens, eager_prefill=args.eager_prefill, seed=args.seed,
-            piece_tokens=args.catchup_piece_tokens or None,
+            piece_tokens=args.catchup_piece_tokens or None, max_verify_tokens=args.max_verify_tokens or None,
         )  # fmt: skip
         print(f"| {r.batch_size} | {r.drafting_steps:.1%} | {r.late_drafts:.2f} | {r.speedup:.3f}x |")
 
