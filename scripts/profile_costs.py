@@ -13,8 +13,9 @@ prompts give short contexts, the "long" workload 2k-8k-token ones. Every traced
 decode step is one sample (step seconds, lengths, context lengths, draft KV fill,
 and draft-phase seconds when the worker records them; steps whose cap is 0 are plain
 decodes, which get their own term); with --draft-prefill lazy each request's first
-catch-up feeds its whole prompt (one EXTEND forward), the cost a lazily prefilled
-request pays when it first drafts; the cost model is fitted on
+catch-up feeds its whole prompt (in decode-row pieces, or one EXTEND forward beyond
+them), the cost a lazily prefilled request pays when it first drafts; the cost model
+is fitted on
 80% of them, its MAPE on the other 20% is printed and stored with it, and the entry
 is written to --out under this GPU/target/draft/attention-backend/dtype key (other
 entries of the file are kept). Point FASER_CONFIG's ``cost_model_path`` at the file.

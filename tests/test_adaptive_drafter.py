@@ -211,21 +211,22 @@ def test_fit_recovers_known_coefficients_and_reports_mape():
 
 def test_fit_prices_each_catch_up_forward():
     """A catch-up longer than the draft's CUDA graphs runs in pieces; the trace records
-    how many forwards it ran and the fit prices each one."""
+    the step's piece size and the fit prices the forwards as the policy does."""
     rng = np.random.default_rng(5)
     samples = []
     for s in synthetic_steps(KNOWN, 400, seed=5, noise=0.0, with_draft_seconds=True):
-        forwards = int(rng.integers(1, 4)) if any(s.draft_lens) else 1
-        draft = KNOWN.draft_time_of(s.draft_lens, s.seq_lens, s.catchup, forwards) if any(s.draft_lens) else 0.0
+        catchup = tuple(int(c) for c in rng.integers(1, 120, len(s.draft_lens)))  # up to 8 pieces of 64
+        draft = KNOWN.draft_time(s.draft_lens, s.seq_lens, catchup, 64) if any(s.draft_lens) else 0.0
         verify = s.seconds - (s.draft_seconds or 0.0)
-        samples.append(replace(s, seconds=draft + verify, draft_seconds=draft, catchup_forwards=forwards))
+        samples.append(replace(s, catchup=catchup, seconds=draft + verify, draft_seconds=draft, piece_tokens=64))
     model = fit(samples, knots=(256, 512, 1024))
     assert model.draft.extend_forward == pytest.approx(KNOWN.draft.extend_forward, rel=0.02)
+    assert model.draft.catchup_token == pytest.approx(KNOWN.draft.catchup_token, rel=0.05)
     assert model.holdout_mape < 0.01
     record = {"draft_lens": [2], "seq_lens": [300], "draft_kv_lens": [0], "seconds": 0.02}
-    assert StepSample.from_trace_record(record).catchup_forwards == 1  # traces before pieces
-    assert StepSample.from_trace_record({**record, "catchup_forwards": 3}).catchup_forwards == 3
-    # A model prices the forwards a catch-up of the step's tokens runs.
+    assert StepSample.from_trace_record(record).piece_tokens is None  # traces before pieces
+    assert StepSample.from_trace_record({**record, "catchup_piece_tokens": 128}).piece_tokens == 128
+    # A 301-token catch-up in pieces of 128 is priced as 3 forwards.
     one, three = (KNOWN.draft_time((2,), (300,), (301,), p) for p in (None, 128))
     assert three - one == pytest.approx(2 * KNOWN.draft.extend_forward)
 
@@ -288,6 +289,16 @@ def test_cost_file_round_trip_and_key_matching(tmp_path):
     write_cost_entry(path, h200, KNOWN)  # replacing keeps the other entry
     assert read_cost_entries(path) == {h200: KNOWN, h100: KNOWN}
     assert json.loads(path.read_text())["entries"][0]["model"]["source"] == "profiled"
+    # A file fitted before catch-ups ran in pieces (format 1) still loads; a new entry
+    # does not keep its other entries (they would be stamped with the new format).
+    older = json.loads(path.read_text())
+    path.write_text(json.dumps({**older, "format": 1}))
+    assert read_cost_entries(path) == {h200: KNOWN, h100: KNOWN}
+    write_cost_entry(path, h200, model)
+    assert read_cost_entries(path) == {h200: model} and json.loads(path.read_text())["format"] == 2
+    path.write_text(json.dumps({**older, "format": 7}))
+    with pytest.raises(ValueError, match="format 7"):
+        read_cost_entries(path)
 
 
 def test_analytical_roofline():
@@ -414,11 +425,16 @@ def test_near_optimal_against_brute_force():
         bs, k_max = 4, 3
         gains = np.cumprod(rng.uniform(0.2, 1.0, (bs, k_max)), axis=1)
         seq, catchup = rng.integers(50, 4000, bs), rng.integers(1, 3, bs)
-        a = allocate(gains, seq, catchup, model)
-        assert a.step_seconds == pytest.approx(model.step_time(a.draft_lens, seq, catchup))
+        pieces = None
+        if rng.random() < 0.5:  # catch-ups of up to 3 pieces of 4 tokens, charged in full
+            catchup = rng.integers(1, 7, bs)
+            pieces = CatchupPieces(np.minimum(catchup, 2), catchup.astype(float), piece_tokens=4, horizon=1)
+        piece_tokens = None if pieces is None else pieces.piece_tokens
+        a = allocate(gains, seq, catchup, model, pieces=pieces)
+        assert a.step_seconds == pytest.approx(model.step_time(a.draft_lens, seq, catchup, piece_tokens))
         assert a.expected_tokens == pytest.approx(bs + sum(gains[i, :k].sum() for i, k in enumerate(a.draft_lens)))
         best = max(
-            (bs + sum(gains[i, :k].sum() for i, k in enumerate(ks))) / model.step_time(ks, seq, catchup)
+            (bs + sum(gains[i, :k].sum() for i, k in enumerate(ks))) / model.step_time(ks, seq, catchup, piece_tokens)
             for ks in itertools.product(range(k_max + 1), repeat=bs)
         )
         ratios.append(a.tokens_per_second / best)
@@ -438,7 +454,9 @@ def test_allocator_overhead(which):
     for bs in (1, 16, 64, 256):
         rids = [f"r{i}" for i in range(bs)]
         ctx = StepContext(tuple(rng.integers(100, 4000, bs).tolist()), tuple([0] * bs))
-        ctx = StepContext(ctx.seq_lens, tuple(n - int(rng.integers(0, 2)) for n in ctx.seq_lens))
+        # Catch-ups in pieces of 128 (the draft's decode graphs, as on a GPU): two walks.
+        drafted = tuple(n - int(rng.integers(0, 2)) for n in ctx.seq_lens)
+        ctx = StepContext(ctx.seq_lens, drafted, catchup_piece_tokens=128)
         policy.observe(rids, [8] * bs, rng.integers(0, 9, bs).tolist())
         policy.choose(rids, 8, ctx)  # warm up
         rounds = []
@@ -452,7 +470,7 @@ def test_allocator_overhead(which):
         start = time.perf_counter()
         policy.observe(rids, lens, accepted)
         observe = time.perf_counter() - start
-        step = model.step_time(lens, ctx.seq_lens, ctx.catchup_tokens())
+        step = model.step_time(lens, ctx.seq_lens, ctx.catchup_tokens(), 128)
         timings[bs] = per_step
         print(f"{which}: adaptive choose bs={bs:3d} K_max=8: {per_step * 1e3:.3f} ms, drafts {sum(lens)} "
               f"({100 * per_step / step:.2f}% of the predicted {step * 1e3:.1f} ms step), "
@@ -485,6 +503,11 @@ def test_make_policy_adaptive_loads_profiled_or_falls_back(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         assert make_policy(FaserConfig(policy="adaptive"), deployment()).cost_model.source == "analytical"
     assert "ANALYTICAL" in caplog.text
+    caplog.clear()
+    path.write_text(json.dumps({**json.loads(path.read_text()), "format": 1}))
+    with caplog.at_level(logging.WARNING):
+        assert make_policy(FaserConfig(policy="adaptive", cost_model_path=str(path)), deployment()).cost_model == KNOWN
+    assert "Re-profile" in caplog.text
     # A model the roofline cannot size needs a profile; with one, its config is never read.
     unsized = replace(deployment(), target_config={"model_type": "exotic"})
     with pytest.raises(ValueError, match="profile_costs.py"):

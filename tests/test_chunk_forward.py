@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.chunk_forward import ChunkForward, _last_token_index, pieces
@@ -109,3 +110,31 @@ def test_catchup_forwards_prices_pieces_up_to_the_limit():
     assert catchup_forwards(128, 128) == 1
     assert catchup_forwards(129, 128) == 2
     assert catchup_forwards(100_000, 128) == MAX_CATCHUP_PIECES  # one EXTEND, about as dear
+
+
+def test_last_logits_in_pieces_feed_each_piece_in_order(monkeypatch):
+    """Each piece gets its own tokens and KV slots; the rows' last logits come back in
+    row order though the forwards share one output buffer (as CUDA graphs do)."""
+    chunks = ChunkForward(runner_with_graphs(None, max_running_requests=3), None, mode="decode_rows")
+    shared = torch.zeros(3, 1)
+    fed = []
+
+    def fake_decode_rows(batch, rows, starts, lens, input_ids, out_cache_loc):
+        fed.append((rows, starts, lens, input_ids.tolist(), out_cache_loc.tolist()))
+        shared.zero_()
+        shared[: len(input_ids), 0] = input_ids.float()  # each row's "logit": its token id
+        return shared[: len(input_ids)]
+
+    monkeypatch.setattr(chunks, "_decode_rows", fake_decode_rows)
+    rows, starts, lens = [0, 2, 5], [10, 4, 7], [4, 1, 2]
+    ids = torch.arange(100, 107)  # [7]: row 0 100..103, row 2 104, row 5 105..106
+    slots = torch.arange(200, 207)
+    out = chunks._last_logits_in_pieces(None, rows, starts, lens, ids, slots)
+    assert fed == [
+        ([0], [10], [3], [100, 101, 102], [200, 201, 202]),
+        ([0, 2, 5], [13, 4, 7], [1, 1, 1], [103, 104, 105], [203, 204, 205]),
+        ([5], [8], [1], [106], [206]),
+    ]
+    assert out[:, 0].tolist() == [103, 104, 106]  # last tokens of rows 0, 2, 5
+    with pytest.raises(ValueError, match="limit"):
+        pieces([0], [0], [1], 0)

@@ -76,7 +76,8 @@ class ChunkForward:
         return num_tokens <= self.row_limit() * max_pieces
 
     def forwards(self, num_tokens: int, max_pieces: int = 1) -> int:
-        """Forwards that feed a chunk of ``num_tokens`` (>= 1)."""
+        """Forwards that feed a chunk of ``num_tokens`` (>= 1) needing only each row's last
+        logits (pieces are for ``last_only`` chunks)."""
         if not self.uses_decode_rows(num_tokens, max_pieces):
             return 1
         return -(-num_tokens // self.row_limit())
@@ -197,6 +198,8 @@ def pieces(
     """The chunk's tokens, in order, cut into runs of at most ``limit``: per piece its
     (row, start, n) segments. A row whose tokens straddle a cut appears in both pieces.
     rows [0, 2], starts [10, 4], lens [2, 1], limit 1 -> [[(0, 10, 1)], [(0, 11, 1)], [(2, 4, 1)]]"""
+    if limit < 1:
+        raise ValueError(f"pieces need a limit >= 1, got {limit}")
     out: list[list[tuple[int, int, int]]] = []
     piece: list[tuple[int, int, int]] = []
     room = limit

@@ -70,8 +70,7 @@ class DraftPhase:
         if not active:
             return DraftOutput(tokens, probs, new_kv_lens, 0)
 
-        catchup = sum(seq_lens[i] + 1 - draft_kv_lens[i] for i in active)
-        logits = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [len(active), V]
+        logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [len(active), V]
         rows = active
         for step in range(max(k[i] for i in active)):
             rows_t = device_tensor(rows, device)
@@ -88,7 +87,7 @@ class DraftPhase:
             logits = self._decode(batch, rows, seq_lens, step + 1, picked.tokens[keep_t])
         for i in active:
             new_kv_lens[i] = seq_lens[i] + k[i]
-        return DraftOutput(tokens, probs, new_kv_lens, self.chunks.forwards(catchup, MAX_CATCHUP_PIECES))
+        return DraftOutput(tokens, probs, new_kv_lens, forwards)
 
     def _catch_up(
         self,
@@ -97,8 +96,9 @@ class DraftPhase:
         seq_lens: list[int],
         draft_kv_lens: Sequence[int],
         history: TokenHistory,
-    ) -> torch.Tensor:
-        """Feed each active row its missing committed tokens and bonus token. [len(active), V]"""
+    ) -> tuple[torch.Tensor, int]:
+        """Feed each active row its missing committed tokens and bonus token: its last
+        logits [len(active), V], and the forwards that took."""
         starts = [draft_kv_lens[i] for i in active]
         lens = [seq_lens[i] + 1 - draft_kv_lens[i] for i in active]  # committed gap + bonus
         rows: list[int] = []
@@ -107,9 +107,10 @@ class DraftPhase:
             rows.extend([batch.reqs[i].req_pool_idx] * n)
             positions.extend(range(start, start + n))
         input_ids = history.gather(rows, positions)  # [sum(lens)]
-        return self.chunks.logits(
+        logits = self.chunks.logits(
             batch, active, starts, lens, input_ids, last_only=True, max_pieces=MAX_CATCHUP_PIECES
         )
+        return logits, self.chunks.forwards(sum(lens), MAX_CATCHUP_PIECES)
 
     def _decode(
         self,

@@ -12,7 +12,9 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence
+
+import numpy as np
 
 from faser_sglang.config import FaserConfig
 
@@ -60,11 +62,14 @@ class StepContext:
 MAX_CATCHUP_PIECES = 8
 
 
-def catchup_forwards(tokens: float, piece_tokens: Optional[int]) -> int:
-    """Draft forwards a catch-up of ``tokens`` (> 0) costs, pieces of ``piece_tokens``."""
+def catchup_forwards(tokens: Any, piece_tokens: Optional[int]) -> np.ndarray:
+    """Draft forwards a catch-up of ``tokens`` (> 0; a scalar or an array) is priced as:
+    pieces of ``piece_tokens``, at most MAX_CATCHUP_PIECES (beyond that one EXTEND of
+    about that cost); one whatever its length without a piece size."""
+    tokens = np.asarray(tokens, np.float64)
     if piece_tokens is None:
-        return 1
-    return min(max(math.ceil(tokens / piece_tokens), 1), MAX_CATCHUP_PIECES)
+        return np.ones_like(tokens)
+    return np.clip(np.ceil(tokens / piece_tokens), 1, MAX_CATCHUP_PIECES)
 
 
 def draft_room(batch_size: int, max_verify_tokens: Optional[int]) -> Optional[int]:

@@ -189,6 +189,8 @@ class FaserWorker(BaseSpecWorker):
         self.agreement.tokens(drafts.tokens)
         clock.mark("draft")
         clock.label("catchup_forwards", drafts.catchup_forwards)
+        if context.catchup_piece_tokens is not None:  # the profile prices catch-ups with it
+            clock.label("catchup_piece_tokens", context.catchup_piece_tokens)
         clock.label("verify_forward", self.verify_phase.chunks.forward_name(layout.num_verify_tokens))
         logits = layout.to_padded(
             self.verify_phase.run(batch, layout, bonus, drafts.tokens)

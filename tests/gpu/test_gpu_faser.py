@@ -243,12 +243,13 @@ def test_tp2_greedy_equals_no_spec(policy, gpu_models, logit_ulp, tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["flashinfer-bf16-graphs"])
-@pytest.mark.parametrize("policy", ["fixed", "random"])
-def test_identity_model_accepts_every_draft(variant, policy, gpu_models, tmp_path):
+@pytest.mark.parametrize("policy, graph_bs", [("fixed", None), ("random", None), ("random", 8)])
+def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_models, tmp_path):
     """Every draft is accepted: each catch-up ends with the request's bonus token and each
     draft step feeds the previous draft (the identity model's next token depends only on
     the token fed). "random" includes k = 0, so drafting steps catch up over
-    plain-decode steps (gaps of several tokens)."""
+    plain-decode steps (gaps of several tokens). With decode graphs of at most 8 rows a
+    catch-up of 9-64 tokens replays them in pieces."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7)
     args = (
@@ -256,6 +257,7 @@ def test_identity_model_accepts_every_draft(variant, policy, gpu_models, tmp_pat
         "--speculative-algorithm", "FASER",
         "--speculative-draft-model-path", str(gpu_models.identity),
         "--speculative-num-steps", str(K_MAX),
+        *(() if graph_bs is None else ("--cuda-graph-max-bs", str(graph_bs))),
     )  # fmt: skip
     with launch(gpu_models.identity, args, env=env) as server:
         outs = _generate_all(
@@ -268,10 +270,14 @@ def test_identity_model_accepts_every_draft(variant, policy, gpu_models, tmp_pat
     accepted = sum(sum(s["num_accepted"]) for s in steps)
     mean_len = sum(o["meta_info"]["spec_accept_length"] for o in outs) / len(outs)
     gaps = catchup_gaps(steps)
-    _record({"test": "identity_acceptance", "variant": variant, "policy": policy, "drafted": drafted,
+    pieces = max((s.get("catchup_forwards", 0) for s in steps), default=0)
+    _record({"test": "identity_acceptance", "variant": variant, "policy": policy, "graph_bs": graph_bs,
+             "drafted": drafted,
              "accepted": accepted, "mean_spec_accept_length": round(mean_len, 3),
              "max_catchup_gap": max(gaps, default=0),
-             "max_catchup_forwards": max((s.get("catchup_forwards", 0) for s in steps), default=0)})  # fmt: skip
+             "max_catchup_forwards": pieces})  # fmt: skip
     assert drafted > 0 and accepted == drafted
     if policy == "random":
         assert max(gaps) >= 3
+    if graph_bs is not None:
+        assert pieces > 1, "no catch-up ran in pieces"

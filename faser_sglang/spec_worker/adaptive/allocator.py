@@ -66,31 +66,33 @@ from typing import Optional
 import numpy as np
 
 from faser_sglang.spec_worker.adaptive.cost_model import CostModel
-from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES
+from faser_sglang.spec_worker.policy import catchup_forwards
 
 MIN_ITEM_SECONDS = 1e-12
 
 
 @dataclass(frozen=True)
 class CatchupPieces:
-    """Catch-up forwards a step is charged: a catch-up of c tokens runs F(c) =
-    ceil(c / piece_tokens) forwards, at most MAX_CATCHUP_PIECES. The forwards of the
-    requests' usual catch-ups (``steady`` tokens) are the step's own; those a backlog
-    adds are paid once and charged 1/``horizon`` (as its tokens: drafter.charged_catchup):
-    F(steady) + (F(total) - F(steady)) / horizon."""
+    """Catch-up forwards a step is charged. A catch-up of c tokens is priced as F(c) =
+    ceil(c / piece_tokens) forwards, at most MAX_CATCHUP_PIECES (policy.catchup_forwards).
+    The forwards of the requests' usual catch-ups (``steady`` tokens) are the step's own;
+    those a backlog adds are paid once and charged 1/``horizon`` (as its tokens:
+    drafter.charged_catchup): F(steady) + (F(total) - F(steady)) / horizon."""
 
     steady: np.ndarray  # [bs] each request's usual catch-up tokens
     total: np.ndarray  # [bs] all its catch-up tokens
     piece_tokens: int
     horizon: int
 
+    def share(self) -> np.ndarray:
+        """[bs] the forwards each request's catch-up fills, charged as in ``charged``."""
+        backlog = (self.total - self.steady) / self.horizon
+        return (self.steady + backlog) / self.piece_tokens
+
     def charged(self, steady: np.ndarray, total: np.ndarray) -> np.ndarray:
         """[n] forwards charged for catch-ups of ``steady`` / ``total`` tokens ([n] each)."""
-        usual = self._forwards(steady)
-        return usual + (self._forwards(total) - usual) / self.horizon
-
-    def _forwards(self, tokens: np.ndarray) -> np.ndarray:
-        return np.clip(np.ceil(tokens / self.piece_tokens), 1, MAX_CATCHUP_PIECES)
+        usual = catchup_forwards(steady, self.piece_tokens)
+        return usual + (catchup_forwards(total, self.piece_tokens) - usual) / self.horizon
 
 
 @dataclass(frozen=True)
@@ -138,41 +140,64 @@ def allocate(
     # [bs, K] with the first verify token's price; floored so a free item ranks first
     # instead of dividing by zero (a fit may price some features at exactly 0).
     priced = np.maximum(own + (verify[1] - verify[0]), MIN_ITEM_SECONDS)
-    efficiency = gains / priced
-    efficiency[:, 0] = (np.cumsum(gains, axis=1) / np.cumsum(priced, axis=1)).max(axis=1)
-    key = np.minimum.accumulate(efficiency, axis=1)  # non-increasing along j: prefixes only
-
-    # Items in level-major order (id = j * bs + i), so a stable sort breaks ties
-    # toward shallower items, which share forwards already paid for.
-    order = np.argsort(-key.T.ravel(), kind="stable")  # [M]
-    level = order // bs  # [M] j of each offered item
-    item_gain = gains.T.ravel()[order]
-    item_cost = own.T.ravel()[order]
     # [K+1] seconds of draft forwards when the deepest draft is 0..K.
     forward = np.concatenate(([0.0], d.extend_forward + d.decode_forward * np.arange(k_max)))
-
-    if pieces is not None:  # [M] catch-up tokens each item adds (its request's, at j = 0)
-        first = level == 0
-        item_steady = np.where(first, pieces.steady[order % bs], 0.0)
-        item_total = np.where(first, pieces.total[order % bs], 0.0)
-
-    best = no_draft
-    for cap in range(1, k_max + 1):
-        offered = np.flatnonzero(level < cap)[:max_drafts]  # [n] items this walk may take, in order
-        walk_level = level[offered]  # [n]
-        tokens = bs + np.cumsum(item_gain[offered])  # [n] R's numerator after each item
-        seconds = (
-            np.cumsum(item_cost[offered])
-            + verify[1 : len(walk_level) + 1]  # the i-th item is the i-th extra verify token
-            + forward[np.maximum.accumulate(walk_level + 1)]  # forwards for the deepest so far
-        )
-        if pieces is not None:  # catch-up forwards beyond the first
-            forwards = pieces.charged(np.cumsum(item_steady[offered]), np.cumsum(item_total[offered]))
-            seconds = seconds + d.extend_forward * (forwards - 1)
-        rate = tokens / seconds
-        last = int(np.argmax(rate))
-        if rate[last] > best.tokens_per_second:
-            taken = order[offered][: last + 1] % bs  # item id j * bs + i -> request i
-            lens = np.bincount(taken, minlength=bs)
-            best = Allocation(tuple(int(k) for k in lens), float(tokens[last]), float(seconds[last]))
+    walk = _Walk(gains, own, verify, forward, d.extend_forward, pieces, max_drafts)
+    best = walk.best(priced, no_draft)
+    if pieces is not None:
+        # Catch-up forwards are a step function of the drafting requests' tokens, which
+        # no item order prices exactly: walk again with each catch-up ranked with its
+        # share of the piece forwards it fills, and keep the better point.
+        with_pieces = priced.copy()
+        with_pieces[:, 0] += d.extend_forward * pieces.share()
+        best = walk.best(with_pieces, best)
     return best
+
+
+@dataclass(frozen=True)
+class _Walk:
+    """The best-first walks over draft positions for one step (see the module docstring)."""
+
+    gains: np.ndarray  # [bs, K]
+    own: np.ndarray  # [bs, K] item's own draft cost
+    verify: np.ndarray  # [M+1] verify seconds with 0..M extra tokens
+    forward: np.ndarray  # [K+1] draft forwards' seconds when the deepest draft is 0..K
+    catchup_forward: float  # seconds per catch-up forward
+    pieces: Optional[CatchupPieces]
+    max_drafts: Optional[int]
+
+    def best(self, priced: np.ndarray, best: Allocation) -> Allocation:
+        """The best of ``best`` and every walk's points, items ranked by ``priced`` ([bs, K])."""
+        bs, k_max = self.gains.shape
+        efficiency = self.gains / priced
+        efficiency[:, 0] = (np.cumsum(self.gains, axis=1) / np.cumsum(priced, axis=1)).max(axis=1)
+        key = np.minimum.accumulate(efficiency, axis=1)  # non-increasing along j: prefixes only
+        # Items in level-major order (id = j * bs + i), so a stable sort breaks ties
+        # toward shallower items, which share forwards already paid for.
+        order = np.argsort(-key.T.ravel(), kind="stable")  # [M]
+        level = order // bs  # [M] j of each offered item
+        item_gain = self.gains.T.ravel()[order]
+        item_cost = self.own.T.ravel()[order]
+        if self.pieces is not None:  # [M] catch-up tokens each item adds (its request's, at j = 0)
+            first = level == 0
+            item_steady = np.where(first, self.pieces.steady[order % bs], 0.0)
+            item_total = np.where(first, self.pieces.total[order % bs], 0.0)
+        for cap in range(1, k_max + 1):
+            offered = np.flatnonzero(level < cap)[: self.max_drafts]  # [n] items this walk may take
+            walk_level = level[offered]  # [n]
+            tokens = bs + np.cumsum(item_gain[offered])  # [n] R's numerator after each item
+            seconds = (
+                np.cumsum(item_cost[offered])
+                + self.verify[1 : len(walk_level) + 1]  # the i-th item is the i-th extra verify token
+                + self.forward[np.maximum.accumulate(walk_level + 1)]  # forwards for the deepest so far
+            )
+            if self.pieces is not None:  # catch-up forwards beyond the first
+                forwards = self.pieces.charged(np.cumsum(item_steady[offered]), np.cumsum(item_total[offered]))
+                seconds = seconds + self.catchup_forward * (forwards - 1)
+            rate = tokens / seconds
+            last = int(np.argmax(rate))
+            if rate[last] > best.tokens_per_second:
+                taken = order[offered][: last + 1] % bs  # item id j * bs + i -> request i
+                lens = np.bincount(taken, minlength=bs)
+                best = Allocation(tuple(int(k) for k in lens), float(tokens[last]), float(seconds[last]))
+        return best

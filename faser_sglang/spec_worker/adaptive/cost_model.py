@@ -15,12 +15,15 @@ A step is a draft phase then a verify phase (see ``spec_worker.draft`` / ``verif
 
 with N = sum_i (k_i + 1) verify tokens, C = sum_i L_i committed tokens, m = max_i k_i,
 and F = 0 when nobody drafts, else the forwards the catch-up of c = sum_{k_i > 0} c_i
-tokens runs as: ceil(c / piece tokens) decode-row pieces, at most MAX_CATCHUP_PIECES
-(policy.catchup_forwards; one when the step has no piece size). The hinge
+tokens is priced as: ceil(c / piece tokens) decode-row pieces, at most
+MAX_CATCHUP_PIECES (policy.catchup_forwards; one when the step has no piece size). A
+longer catch-up runs as one eager EXTEND, which on the profiled H200 costs about as
+much as that many pieces; profiles and prices count it the same way (the trace
+records each step's piece size), so a fit never prices one thing two ways. The hinge
 terms make verify time piecewise linear and convex in N: flat-ish while the target
 forward is bound by reading its weights, steeper once the GEMMs become compute
-bound. Everything except the first draft term is what the allocator prices per
-draft position; the forward counts make longer maxima cost a whole forward.
+bound. The allocator prices the per-request terms per draft position, the forward
+counts as whole forwards (a deeper maximum, a catch-up past a piece boundary).
 
 A step in which nobody drafts is not a verify: the worker runs it as a plain decode
 through SGLang's own model worker (``VerifyPhase.plain_decode``), which costs less
@@ -66,7 +69,11 @@ from faser_sglang.spec_worker.adaptive.hardware import (
 )
 from faser_sglang.spec_worker.policy import catchup_forwards
 
-FILE_FORMAT = 1
+FILE_FORMAT = 2
+# Format 1 files were fitted before catch-ups ran in pieces: a catch-up past the draft's
+# CUDA graphs was one eager EXTEND counted as one forward, so their catch-up terms carry
+# part of its cost. They still load, with a warning to re-profile.
+OLDEST_FILE_FORMAT = 1
 # Verify-token counts where the verify slope may change (filtered to the profiled range).
 DEFAULT_KNOTS = (128, 256, 512, 1024, 2048, 4096)
 # Per-step trace fields a profiled sample needs (draft_seconds is optional).
@@ -79,7 +86,7 @@ MIN_PLAIN_SAMPLES = 8
 class DraftCost:
     """Seconds per unit of each draft-phase feature (see the module docstring)."""
 
-    extend_forward: float
+    extend_forward: float  # per catch-up forward (the name predates decode-row catch-ups)
     decode_forward: float
     row_step: float
     catchup_token: float
@@ -140,14 +147,8 @@ class CostModel:
         catchup: Sequence[int],
         piece_tokens: Optional[int] = None,  # catch-up tokens per draft forward (None: one forward)
     ) -> float:
-        forwards = catchup_forwards(_catchup_total(draft_lens, catchup), piece_tokens)
-        return self.draft_time_of(draft_lens, seq_lens, catchup, forwards)
-
-    def draft_time_of(
-        self, draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int], forwards: int
-    ) -> float:
-        """Draft-phase seconds when the catch-up runs ``forwards`` forwards."""
-        return float(np.dot(_draft_features(draft_lens, seq_lens, catchup, forwards), _draft_vector(self.draft)))
+        features = _draft_features(draft_lens, seq_lens, catchup, piece_tokens)
+        return float(np.dot(features, _draft_vector(self.draft)))
 
     def verify_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int]) -> float:
         return self.verify.time(len(draft_lens), sum(draft_lens) + len(draft_lens), float(sum(seq_lens)))
@@ -195,7 +196,7 @@ class StepSample:
     catchup: tuple[int, ...]  # [bs] tokens the catch-up forward feeds each request if it drafts
     seconds: float  # whole step
     draft_seconds: Optional[float] = None  # draft phase alone, when the trace has it
-    catchup_forwards: int = 1  # forwards the catch-up ran (older traces: one)
+    piece_tokens: Optional[int] = None  # catch-up tokens per draft forward (older traces: None)
 
     @classmethod
     def from_trace_record(cls, record: Mapping[str, Any]) -> "StepSample":
@@ -214,7 +215,7 @@ class StepSample:
             catchup=tuple(n - d + 1 for n, d in zip(seq, kv)),
             seconds=float(record["seconds"]),
             draft_seconds=None if draft_seconds is None else float(draft_seconds),
-            catchup_forwards=int(record.get("catchup_forwards", 1)),
+            piece_tokens=_optional_int(record.get("catchup_piece_tokens")),
         )
 
 
@@ -254,7 +255,7 @@ def fit(
     # A knot past every training point has no data to fit its slope.
     knots = tuple(float(b) for b in knots if b < tokens[train].max())
     x_draft = np.array(
-        [_draft_features(s.draft_lens, s.seq_lens, s.catchup, s.catchup_forwards) for s in samples]
+        [_draft_features(s.draft_lens, s.seq_lens, s.catchup, s.piece_tokens) for s in samples]
     )  # [n, 5]
     x_verify = np.array([_verify_features(s.draft_lens, s.seq_lens, knots) for s in samples])  # [n, 4+B]
     if all(samples[i].draft_seconds is not None for i in train):
@@ -275,17 +276,13 @@ def fit(
         plain=plain,
     )
     held_out = [samples[i] for i in hold]
-    predicted = np.array([_recorded_step_time(model, s) for s in held_out])
+    predicted = np.array([model.step_time(s.draft_lens, s.seq_lens, s.catchup, s.piece_tokens) for s in held_out])
     mape = float(np.mean(np.abs(predicted - seconds[hold]) / seconds[hold]))
     return replace(model, holdout_mape=mape, num_samples=n)
 
 
-def _recorded_step_time(model: CostModel, s: StepSample) -> float:
-    """The model's seconds for a profiled step, with the catch-up forwards it ran."""
-    if not any(s.draft_lens):
-        return model.no_draft_time(s.seq_lens)
-    draft = model.draft_time_of(s.draft_lens, s.seq_lens, s.catchup, s.catchup_forwards)
-    return draft + model.verify_time(s.draft_lens, s.seq_lens)
+def _optional_int(value: Any) -> Optional[int]:
+    return None if value is None else int(value)
 
 
 def _catchup_total(draft_lens: Sequence[int], catchup: Sequence[int]) -> float:
@@ -299,14 +296,15 @@ def _plain_features(seq_lens: Sequence[int]) -> np.ndarray:
 
 
 def _draft_features(
-    draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int], forwards: int
+    draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int], piece_tokens: Optional[int]
 ) -> np.ndarray:
-    """[5] in DraftCost's field order; ``forwards``: the catch-up's, if anyone drafts."""
+    """[5] in DraftCost's field order."""
     k = np.asarray(draft_lens, np.float64)
     m = k.max(initial=0.0)
+    forwards = catchup_forwards(_catchup_total(draft_lens, catchup), piece_tokens) if m > 0 else 0
     return np.array(
         [
-            float(forwards) if m > 0 else 0.0,
+            float(forwards),
             max(m - 1.0, 0.0),
             np.maximum(k - 1.0, 0.0).sum(),
             np.asarray(catchup, np.float64)[k > 0].sum(),
@@ -408,15 +406,22 @@ class CostKey:
 
 def read_cost_entries(path: str | os.PathLike[str]) -> dict[CostKey, CostModel]:
     data = json.loads(Path(path).read_text())
-    if data.get("format") != FILE_FORMAT:
-        raise ValueError(f"cost file {path}: format {data.get('format')!r}, expected {FILE_FORMAT}")
+    if data.get("format") not in range(OLDEST_FILE_FORMAT, FILE_FORMAT + 1):
+        raise ValueError(
+            f"cost file {path}: format {data.get('format')!r}, expected {OLDEST_FILE_FORMAT}..{FILE_FORMAT}"
+        )
     return {CostKey(**e["key"]): CostModel.from_dict(e["model"]) for e in data["entries"]}
 
 
+def cost_file_format(path: str | os.PathLike[str]) -> int:
+    return int(json.loads(Path(path).read_text())["format"])
+
+
 def write_cost_entry(path: str | os.PathLike[str], key: CostKey, model: CostModel) -> None:
-    """Add (or replace) the entry for ``key``, keeping other deployments' entries."""
+    """Add (or replace) the entry for ``key``, keeping other deployments' entries (not
+    those of an older-format file: they would be stamped with this format)."""
     p = Path(path)
-    entries = read_cost_entries(p) if p.is_file() else {}
+    entries = read_cost_entries(p) if p.is_file() and cost_file_format(p) == FILE_FORMAT else {}
     entries[key] = model
     data = {
         "format": FILE_FORMAT,

@@ -18,7 +18,14 @@ import numpy as np
 from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.adaptive.acceptance import AcceptanceWindows
 from faser_sglang.spec_worker.adaptive.allocator import CatchupPieces, allocate
-from faser_sglang.spec_worker.adaptive.cost_model import CostKey, CostModel, analytical, read_cost_entries
+from faser_sglang.spec_worker.adaptive.cost_model import (
+    FILE_FORMAT,
+    CostKey,
+    CostModel,
+    analytical,
+    cost_file_format,
+    read_cost_entries,
+)
 from faser_sglang.spec_worker.adaptive.hardware import ModelShape, gpu_spec
 from faser_sglang.spec_worker.policy import StepContext
 from faser_sglang.spec_worker.validation import MAX_DRAFT_LEN
@@ -74,6 +81,12 @@ def load_cost_model(config: FaserConfig, deployment: Deployment) -> CostModel:
         entries = read_cost_entries(config.cost_model_path)
         model = entries.get(key)
         if model is not None:
+            if cost_file_format(config.cost_model_path) < FILE_FORMAT:
+                logger.warning(
+                    "FASER adaptive: %s predates draft catch-ups in decode-row pieces; its catch-up "
+                    "costs include eager EXTEND catch-ups. Re-profile with scripts/profile_costs.py",
+                    config.cost_model_path,
+                )
             logger.info(
                 "FASER adaptive: profiled cost model from %s (held-out MAPE %.1f%%, %d steps)",
                 config.cost_model_path,
@@ -128,8 +141,8 @@ class AdaptiveDrafterPolicy:
         if not rids:
             return []
         catchup = np.asarray(context.catchup_tokens(), np.float64)  # [bs]
-        pieces = None
-        if context.catchup_piece_tokens is not None:
+        pieces = None  # all catch-ups together fit one forward: no piece to price
+        if context.catchup_piece_tokens is not None and catchup.sum() > context.catchup_piece_tokens:
             steady = np.minimum(catchup, STEADY_CATCHUP)
             pieces = CatchupPieces(steady, catchup, context.catchup_piece_tokens, self.catchup_horizon)
         allocation = allocate(
