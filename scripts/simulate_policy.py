@@ -79,7 +79,8 @@ def simulate(
             next_id += 1
         rids = list(live)
         seq_lens = tuple(live[r][0] for r in rids)
-        context = StepContext(seq_lens, tuple(live[r][1] for r in rids), max_verify_tokens, piece_tokens)
+        remaining = tuple(live[r][2] - 1 for r in rids)  # after this step's bonus token
+        context = StepContext(seq_lens, tuple(live[r][1] for r in rids), max_verify_tokens, piece_tokens, remaining)
         lengths = policy.choose(rids, k_max, context)
         probs = bad_accept if step < bad_steps else accept
         accepted = [_accepted(rng, k, probs) for k in lengths]
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
 
-    entries = list(read_cost_entries(args.costs).items())
+    entries = list(read_cost_entries(args.costs)[0].items())
     key, cost = entries[args.key]
     config = FaserConfig(policy="adaptive", catchup_horizon=args.catchup_horizon)
     print(f"cost model: {key}")

@@ -281,21 +281,21 @@ def test_cost_file_round_trip_and_key_matching(tmp_path):
     model = fit(synthetic_steps(KNOWN, 100, seed=3, noise=0.01, with_draft_seconds=True))
     write_cost_entry(path, h200, model)
     write_cost_entry(path, h100, KNOWN)
-    entries = read_cost_entries(path)
+    entries, _ = read_cost_entries(path)
     assert entries[h200] == model and entries[h100] == KNOWN
     # The same deployment spelled from a local copy and a torch dtype matches.
     assert CostKey.of("NVIDIA H200", "/data/Llama-3.1-8B", "Llama-3.2-1B", "flashinfer", "bfloat16") == h200
     assert CostKey.of("NVIDIA H200", "Llama-3.1-8B", "Llama-3.2-1B", "triton", "bfloat16") not in entries
     write_cost_entry(path, h200, KNOWN)  # replacing keeps the other entry
-    assert read_cost_entries(path) == {h200: KNOWN, h100: KNOWN}
+    assert read_cost_entries(path) == ({h200: KNOWN, h100: KNOWN}, 2)
     assert json.loads(path.read_text())["entries"][0]["model"]["source"] == "profiled"
     # A file fitted before catch-ups ran in pieces (format 1) still loads; a new entry
     # does not keep its other entries (they would be stamped with the new format).
     older = json.loads(path.read_text())
     path.write_text(json.dumps({**older, "format": 1}))
-    assert read_cost_entries(path) == {h200: KNOWN, h100: KNOWN}
+    assert read_cost_entries(path) == ({h200: KNOWN, h100: KNOWN}, 1)
     write_cost_entry(path, h200, model)
-    assert read_cost_entries(path) == {h200: model} and json.loads(path.read_text())["format"] == 2
+    assert read_cost_entries(path) == ({h200: model}, 2)
     path.write_text(json.dumps({**older, "format": 7}))
     with pytest.raises(ValueError, match="format 7"):
         read_cost_entries(path)
@@ -428,7 +428,7 @@ def test_near_optimal_against_brute_force():
         pieces = None
         if rng.random() < 0.5:  # catch-ups of up to 3 pieces of 4 tokens, charged in full
             catchup = rng.integers(1, 7, bs)
-            pieces = CatchupPieces(np.minimum(catchup, 2), catchup.astype(float), piece_tokens=4, horizon=1)
+            pieces = CatchupPieces(catchup.astype(float), piece_tokens=4, horizon=np.ones(bs))
         piece_tokens = None if pieces is None else pieces.piece_tokens
         a = allocate(gains, seq, catchup, model, pieces=pieces)
         assert a.step_seconds == pytest.approx(model.step_time(a.draft_lens, seq, catchup, piece_tokens))
@@ -575,6 +575,19 @@ def test_adaptive_policy_resumes_drafting_after_an_unlucky_start():
 def test_charged_catchup_spreads_a_backlog_over_the_horizon():
     np.testing.assert_allclose(charged_catchup(np.array([1, 2, 3, 302]), 16), [1, 2, 2 + 1 / 16, 2 + 300 / 16])
     np.testing.assert_allclose(charged_catchup(np.array([1, 302]), 1), [1, 302])
+    np.testing.assert_allclose(charged_catchup(np.array([302, 302]), np.array([4.0, 10.0])), [77, 32])
+
+
+def test_horizon_is_shortened_by_the_tokens_a_request_has_left():
+    policy = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive", catchup_horizon=64), H200_14B)
+    ctx = StepContext((300, 300, 300, 300), (0, 0, 0, 0), remaining_tokens=(200, 10, 0, None))
+    gains = np.array([[1.0, 0.5, 0.5], [0.5, 0.5, 0.0], [0.5, 0.0, 0.0], [0.5, 0.0, 0.0]])
+    # 200 tokens at up to 3 per step: at least 66 steps, more than the horizon; 10 tokens at
+    # up to 2 per step: at least 5 steps.
+    np.testing.assert_allclose(policy.horizons(ctx, gains), [64, 5, 1, 64])
+    np.testing.assert_allclose(policy.horizons(StepContext((300,), (0,)), gains[:1]), [64])
+    with pytest.raises(ValueError, match="remaining_tokens"):
+        StepContext((1, 2), (1, 2), remaining_tokens=(5,))
 
 
 def test_a_lazy_request_drafts_despite_its_prompt_backlog():
@@ -582,7 +595,7 @@ def test_a_lazy_request_drafts_despite_its_prompt_backlog():
     300-token prompt. Each draft is accepted with p = 0.6 (SGLang's STANDALONE accepted
     0.61 of its first drafts with this pair on HumanEval). Charged in full (horizon 1),
     the catch-up outweighs the step's expected gain and the request would never draft;
-    spread over 8 steps (the default), it drafts."""
+    spread over the default horizon, it drafts."""
     ctx = StepContext((300,), (0,))
     config = FaserConfig(policy="adaptive", prior_accept_rate=0.6)
     spread = AdaptiveDrafterPolicy(config, H200_14B)
@@ -594,13 +607,21 @@ def test_a_lazy_request_drafts_despite_its_prompt_backlog():
 
 
 def test_catch_up_pieces_of_a_backlog_are_charged_over_the_horizon():
-    pieces = CatchupPieces(np.array([2.0]), np.array([302.0]), piece_tokens=128, horizon=4)
+    pieces = CatchupPieces(np.array([302.0]), piece_tokens=128, horizon=np.array([4.0]))
     # F(2) = 1 forward of its own; F(302) = 3, the 2 more are the backlog's: 1 + 2 / 4.
-    np.testing.assert_allclose(pieces.charged(np.array([2.0, 2.0]), np.array([2.0, 302.0])), [1.0, 1.5])
+    np.testing.assert_allclose(pieces.spread, [75.0])
+    np.testing.assert_allclose(
+        pieces.charged(np.array([2.0, 2.0]), np.array([2.0, 302.0]), np.array([0.0, 75.0])), [1.0, 1.5]
+    )
+    # Two backlogs of 300 over 4 and 12 steps: F(4) = 1, F(604) = 5; of the 4 more
+    # forwards, the share (300/4 + 300/12) / 600 = 1/6 is charged.
+    both = CatchupPieces(np.array([302.0, 302.0]), piece_tokens=128, horizon=np.array([4.0, 12.0]))
+    total, spread = both.total.sum(), both.spread.sum()
+    np.testing.assert_allclose(both.charged(np.array([4.0]), np.array([total]), np.array([spread])), [1 + 4 / 6])
     # The allocator charges exactly that: one request with the backlog, horizon 1.
     gains = np.full((1, 4), 0.99) ** np.arange(1, 5)
     seq, catchup = np.array([300]), np.array([301.0])
-    whole = CatchupPieces(np.array([2.0]), catchup, piece_tokens=128, horizon=1)
+    whole = CatchupPieces(catchup, piece_tokens=128, horizon=np.ones(1))
     a = allocate(gains, seq, catchup, H200_14B, pieces=whole)
     assert a.draft_lens[0] >= 1
     assert a.step_seconds == pytest.approx(H200_14B.step_time(a.draft_lens, seq, catchup, 128))
@@ -743,4 +764,4 @@ def test_profile_script_sweeps_fits_and_saves(tmp_path, monkeypatch, capsys):
     assert model.num_samples == 7 * 12  # the warm-up batch's steps are dropped
     assert model.holdout_mape < 0.05
     key = CostKey.of("NVIDIA H200", "Llama-3.1-8B", "Llama-3.2-1B", "flashinfer", "bfloat16")
-    assert read_cost_entries(out)[key] == model
+    assert read_cost_entries(out)[0][key] == model

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from faser_sglang.request_guard import guard_validate, request_error, unsupported_feature
-from faser_sglang.spec_worker.worker import cap_to_remaining
+from faser_sglang.spec_worker.worker import cap_to_remaining, remaining_tokens
 
 VOCAB = 512
 
@@ -77,6 +77,7 @@ def test_cap_to_remaining():
     ]
     seq_lens = [3 + done - 1 for _, done in limits_done]
     # remaining 90 -> uncapped; 4 -> k <= 2; 2 -> k = 0; 1 -> k = 0; no limit -> uncapped
+    assert remaining_tokens(reqs, seq_lens) == [90, 4, 2, 1, None]
     assert cap_to_remaining([5, 5, 5, 5, 5], reqs, seq_lens) == [5, 2, 0, 0, 5]
 
 

@@ -116,18 +116,15 @@ class ChunkForward:
             device_tensor(lens, device),
             total=total,
         )
-        if self.uses_decode_rows(total):
-            logits = self._decode_rows(batch, rows, starts, lens, input_ids, out_cache_loc)
-            if not last_only:
-                return logits
-            last = device_tensor(_last_token_index(lens), device)
-            return logits[last]
         if last_only and self.uses_decode_rows(total, max_pieces):
             return self._last_logits_in_pieces(batch, rows, starts, lens, input_ids, out_cache_loc)
+        if not last_only and self.uses_decode_rows(total):
+            return self._decode_rows(batch, rows, starts, lens, input_ids, out_cache_loc)
         return self._extend(batch, sel, starts, lens, input_ids, out_cache_loc, last_only)
 
     def _last_logits_in_pieces(self, batch, rows, starts, lens, input_ids, out_cache_loc) -> torch.Tensor:
-        """[n, V] each row's last logits, feeding the tokens in ``pieces`` of decode rows."""
+        """[n, V] each row's last logits, feeding the tokens in ``pieces`` of decode rows
+        (one piece when they fit one forward)."""
         row_end = {row: start + n for row, start, n in zip(rows, starts, lens)}  # rows are distinct
         out: list[torch.Tensor] = []
         offset = 0
@@ -148,7 +145,7 @@ class ChunkForward:
                 # Indexing copies: the next piece's graph replay overwrites ``logits``.
                 out.append(logits[device_tensor(ends, logits.device)])
             offset += n
-        return torch.cat(out)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     def _decode_rows(self, batch, rows, starts, lens, input_ids, out_cache_loc) -> torch.Tensor:
         token_rows: list[int] = []

@@ -39,11 +39,18 @@ class StepContext:
     # Catch-up tokens one draft forward feeds (a catch-up of c tokens runs ceil(c / this)
     # forwards, at most MAX_CATCHUP_PIECES); None: one forward whatever c.
     catchup_piece_tokens: Optional[int] = None
+    # [bs] tokens each request may still emit (max_new_tokens less those emitted; None:
+    # no limit); None: unknown for every request.
+    remaining_tokens: Optional[tuple[Optional[int], ...]] = None
 
     def __post_init__(self) -> None:
         if len(self.seq_lens) != len(self.draft_kv_lens):
             raise ValueError(
                 f"StepContext: {len(self.seq_lens)} seq_lens but {len(self.draft_kv_lens)} draft_kv_lens"
+            )
+        if self.remaining_tokens is not None and len(self.remaining_tokens) != len(self.seq_lens):
+            raise ValueError(
+                f"StepContext: {len(self.seq_lens)} seq_lens but {len(self.remaining_tokens)} remaining_tokens"
             )
 
     def max_drafts(self) -> Optional[int]:
@@ -54,6 +61,11 @@ class StepContext:
         """[bs] tokens the draft's catch-up forward feeds a request if it drafts."""
         return tuple(n - d + 1 for n, d in zip(self.seq_lens, self.draft_kv_lens))
 
+
+# Most catch-up tokens a request that drafted last step needs: the bonus token, after
+# its last draft when every draft was accepted (the draft fed all but that one), else
+# the bonus alone (StepContext.catchup_tokens). Tokens beyond it are a backlog.
+STEADY_CATCHUP = 2
 
 # Most decode-row forwards a draft catch-up runs as (chunk_forward.pieces) before it
 # takes one EXTEND forward: on an H200 eight graph replays of the 0.42B draft (~2.5 ms

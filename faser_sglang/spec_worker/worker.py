@@ -173,7 +173,11 @@ class FaserWorker(BaseSpecWorker):
         draft_kv_lens = state.draft_kv_lens(seq_lens)
         budget = self.verify_phase.chunks.token_budget()
         context = StepContext(
-            tuple(seq_lens), tuple(draft_kv_lens), budget, self.draft_phase.chunks.row_limit() or None
+            tuple(seq_lens),
+            tuple(draft_kv_lens),
+            budget,
+            self.draft_phase.chunks.row_limit() or None,
+            tuple(remaining_tokens(batch.reqs, seq_lens)),
         )
         lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs, seq_lens)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
@@ -352,18 +356,23 @@ def cap_to_remaining(lengths: list[int], reqs, seq_lens: Sequence[int]) -> list[
     tokens, so a step that crossed the limit with a stop inside it would finish on
     length with the stop text kept, unlike plain decoding. A step emits at most k + 1
     tokens; with k <= remaining - 2 it stays short of the limit, and the last token
-    before the limit comes from a plain (k = 0) step. A request has emitted
-    seq_len + 1 - prompt tokens (the bonus included), counted from the committed
-    length because under the overlap schedule ``req.output_ids`` lags a step behind.
+    before the limit comes from a plain (k = 0) step.
     """
-    capped = []
-    for k, req, n in zip(lengths, reqs, seq_lens):
+    return [
+        k if left is None else min(k, max(0, left - 2))
+        for k, left in zip(lengths, remaining_tokens(reqs, seq_lens))
+    ]
+
+
+def remaining_tokens(reqs, seq_lens: Sequence[int]) -> list[Optional[int]]:
+    """[bs] tokens each request may still emit after this step's bonus token (None: no
+    max_new_tokens). A request has emitted seq_len + 1 - prompt tokens, counted from the
+    committed length because under the overlap schedule ``req.output_ids`` lags a step."""
+    left: list[Optional[int]] = []
+    for req, n in zip(reqs, seq_lens):
         limit = req.sampling_params.max_new_tokens
-        if limit is not None:
-            emitted = n + 1 - len(req.origin_input_ids)
-            k = min(k, max(0, limit - emitted - 2))
-        capped.append(k)
-    return capped
+        left.append(None if limit is None else limit - (n + 1 - len(req.origin_input_ids)))
+    return left
 
 
 def fit_token_budget(lengths: list[int], budget: Optional[int]) -> list[int]:

@@ -9,7 +9,8 @@
 #         .bundle/gguf/SHA256                                the single-GPU tests (GPU 0) and, on GPU 1, the differential
 #                                                            fuzzer (GPU1_JOB=fuzz, default; FUZZ_SEEDS x
 #                                                            FUZZ_CASES) or the 8-minute soak (GPU1_JOB=soak)
-#   2     .bundle/gguf/part-01                               receive the second GGUF part
+#   2     .bundle/gguf/part-01                               receive the second GGUF part; time the
+#                                                            allocator on this host's CPU
 #   3     .bundle/gguf/part-02                               background "big": build the cost-faithful
 #                                                            pair (GPU 0); profile its costs once the tests
 #                                                            are done; the bursty A/B (one lane per GPU)
@@ -115,7 +116,11 @@ case ${1:?call: 1|2|3|4} in
         OUT=$RES/fuzz bash scripts/gpu/run_gpu_tests.sh -k gpu_fuzz | tail -40; touch $RES/gpu1.done"
     fi ;;
   2)
-    bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log" ;;
+    bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log"
+    # The allocator's host time on this machine's CPU (the tests print it; the background
+    # jobs of call 1 share the CPU, so best of 5 rounds).
+    python3 -m pytest -p no:cacheprovider -q -s tests/test_adaptive_drafter.py -k allocator_overhead 2>&1 \
+      | grep 'adaptive choose' | tee "$RES/allocator-overhead.txt" ;;
   3)
     eval "$(bash scripts/gpu/stage_gguf.sh --receive | tail -1)"
     [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }

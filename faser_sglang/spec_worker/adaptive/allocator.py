@@ -32,14 +32,16 @@ catch-up cost, is ranked by the best efficiency of the bundles it opens, so a lo
 catch-up does not hide a good request). Walking that order, R is evaluated exactly
 after every item (cumulative gains, cumulative own costs, verify price from the
 item count, forward cost from the deepest item so far and the catch-up tokens so
-far), and the best point is kept
-instead of stopping at the first item that does not pay: a new draft forward is
-shared by every request that uses it, and only the group pays for it. The walk is
-repeated for each depth cap 1..K_max (items deeper than the cap left out), so deep
-items of one excellent request cannot force a forward the others do not need. A cap on
-the total drafts (the verify tokens the CUDA graphs hold) ends every walk early. All
-of it is a sort of bs * K_max items and a few vectorised passes over [K_max, bs *
-K_max] arrays: ~0.1-0.5 ms for bs <= 256, K_max = 8 (tests print the timings). Before
+far), and the best point is kept instead of stopping at the first item that does
+not pay: a new draft forward is shared by every request that uses it, and only the
+group pays for it. The walk is repeated for each depth cap 1..K_max (items deeper
+than the cap left out), so deep items of one excellent request cannot force a
+forward the others do not need; the K_max walks run at once, as the rows of
+[K_max, bs * K_max] arrays. A cap on the total drafts (the verify tokens the CUDA
+graphs hold) ends every walk early. When catch-ups run in several forwards the walks
+are repeated once more with a piece-aware ranking (``allocate``). All of it is a sort
+of bs * K_max items and a few vectorised passes: on a 2-core CPU ~0.1-0.3 ms for
+bs <= 64 and ~1.5 ms at bs = 256 with K_max = 8 (tests print the timings). Before
 any of it, a bound (every gain taken, at the price of the fastest drafted step: one
 verify token and one draft forward) returns the plain decode when no draft can pay,
 which at high load is most steps.
@@ -66,7 +68,7 @@ from typing import Optional
 import numpy as np
 
 from faser_sglang.spec_worker.adaptive.cost_model import CostModel
-from faser_sglang.spec_worker.policy import catchup_forwards
+from faser_sglang.spec_worker.policy import STEADY_CATCHUP, catchup_forwards
 
 MIN_ITEM_SECONDS = 1e-12
 
@@ -75,24 +77,37 @@ MIN_ITEM_SECONDS = 1e-12
 class CatchupPieces:
     """Catch-up forwards a step is charged. A catch-up of c tokens is priced as F(c) =
     ceil(c / piece_tokens) forwards, at most MAX_CATCHUP_PIECES (policy.catchup_forwards).
-    The forwards of the requests' usual catch-ups (``steady`` tokens) are the step's own;
-    those a backlog adds are paid once and charged 1/``horizon`` (as its tokens:
-    drafter.charged_catchup): F(steady) + (F(total) - F(steady)) / horizon."""
+    The forwards of the requests' usual catch-ups (``steady``: up to STEADY_CATCHUP
+    tokens each) are the step's own; those a backlog adds are paid once and charged as
+    its tokens are (drafter.charged_catchup: request i's backlog b_i over h_i steps):
+    F(steady) + (F(total) - F(steady)) * sum_i (b_i / h_i) / sum_i b_i, which is
+    1/h of them when every horizon is h."""
 
-    steady: np.ndarray  # [bs] each request's usual catch-up tokens
-    total: np.ndarray  # [bs] all its catch-up tokens
+    total: np.ndarray  # [bs] each request's catch-up tokens
     piece_tokens: int
-    horizon: int
+    horizon: np.ndarray  # [bs] steps over which each request's backlog is charged, >= 1
+
+    @property
+    def steady(self) -> np.ndarray:
+        """[bs] each request's usual catch-up tokens."""
+        return np.minimum(self.total, STEADY_CATCHUP)
+
+    @property
+    def spread(self) -> np.ndarray:
+        """[bs] backlog tokens charged to this step: b_i / h_i."""
+        return (self.total - self.steady) / self.horizon
 
     def share(self) -> np.ndarray:
         """[bs] the forwards each request's catch-up fills, charged as in ``charged``."""
-        backlog = (self.total - self.steady) / self.horizon
-        return (self.steady + backlog) / self.piece_tokens
+        return (self.steady + self.spread) / self.piece_tokens
 
-    def charged(self, steady: np.ndarray, total: np.ndarray) -> np.ndarray:
-        """[n] forwards charged for catch-ups of ``steady`` / ``total`` tokens ([n] each)."""
+    def charged(self, steady: np.ndarray, total: np.ndarray, spread: np.ndarray) -> np.ndarray:
+        """[n] forwards charged for catch-ups of ``steady`` / ``total`` tokens whose
+        backlogs are charged ``spread`` tokens ([n] sums over the requests, each)."""
         usual = catchup_forwards(steady, self.piece_tokens)
-        return usual + (catchup_forwards(total, self.piece_tokens) - usual) / self.horizon
+        backlog = total - steady
+        charged = np.divide(spread, backlog, out=np.zeros_like(backlog), where=backlog > 0)
+        return usual + (catchup_forwards(total, self.piece_tokens) - usual) * charged
 
 
 @dataclass(frozen=True)
@@ -167,7 +182,10 @@ class _Walk:
     max_drafts: Optional[int]
 
     def best(self, priced: np.ndarray, best: Allocation) -> Allocation:
-        """The best of ``best`` and every walk's points, items ranked by ``priced`` ([bs, K])."""
+        """The best of ``best`` and every walk's points, items ranked by ``priced`` ([bs, K]).
+
+        All K walks at once: row c - 1 of the [K, M] arrays walks the items of depth <= c
+        in order (an item deeper than the cap repeats the point before it, masked out)."""
         bs, k_max = self.gains.shape
         efficiency = self.gains / priced
         efficiency[:, 0] = (np.cumsum(self.gains, axis=1) / np.cumsum(priced, axis=1)).max(axis=1)
@@ -176,28 +194,28 @@ class _Walk:
         # toward shallower items, which share forwards already paid for.
         order = np.argsort(-key.T.ravel(), kind="stable")  # [M]
         level = order // bs  # [M] j of each offered item
-        item_gain = self.gains.T.ravel()[order]
-        item_cost = self.own.T.ravel()[order]
-        if self.pieces is not None:  # [M] catch-up tokens each item adds (its request's, at j = 0)
-            first = level == 0
-            item_steady = np.where(first, self.pieces.steady[order % bs], 0.0)
-            item_total = np.where(first, self.pieces.total[order % bs], 0.0)
-        for cap in range(1, k_max + 1):
-            offered = np.flatnonzero(level < cap)[: self.max_drafts]  # [n] items this walk may take
-            walk_level = level[offered]  # [n]
-            tokens = bs + np.cumsum(item_gain[offered])  # [n] R's numerator after each item
-            seconds = (
-                np.cumsum(item_cost[offered])
-                + self.verify[1 : len(walk_level) + 1]  # the i-th item is the i-th extra verify token
-                + self.forward[np.maximum.accumulate(walk_level + 1)]  # forwards for the deepest so far
+        within = level < np.arange(1, k_max + 1)[:, None]  # [K, M] item offered to walk c - 1
+
+        def running(per_item: np.ndarray) -> np.ndarray:  # [M] -> [K, M] sums over each walk
+            return np.cumsum(np.where(within, per_item, 0.0), axis=1)
+
+        count = np.cumsum(within, axis=1)  # [K, M] items taken = extra verify tokens
+        tokens = bs + running(self.gains.T.ravel()[order])  # R's numerator after each item
+        deepest = np.maximum.accumulate(np.where(within, level + 1, 0), axis=1)  # [K, M]
+        seconds = running(self.own.T.ravel()[order]) + self.verify[count] + self.forward[deepest]
+        if self.pieces is not None:  # catch-up forwards beyond the first
+            first = level == 0  # [M] an item at j = 0 adds its request's catch-up tokens
+            steady, total, spread = (
+                running(np.where(first, per_request[order % bs], 0.0))
+                for per_request in (self.pieces.steady, self.pieces.total, self.pieces.spread)
             )
-            if self.pieces is not None:  # catch-up forwards beyond the first
-                forwards = self.pieces.charged(np.cumsum(item_steady[offered]), np.cumsum(item_total[offered]))
-                seconds = seconds + self.catchup_forward * (forwards - 1)
-            rate = tokens / seconds
-            last = int(np.argmax(rate))
-            if rate[last] > best.tokens_per_second:
-                taken = order[offered][: last + 1] % bs  # item id j * bs + i -> request i
-                lens = np.bincount(taken, minlength=bs)
-                best = Allocation(tuple(int(k) for k in lens), float(tokens[last]), float(seconds[last]))
-        return best
+            seconds = seconds + self.catchup_forward * (self.pieces.charged(steady, total, spread) - 1)
+        if self.max_drafts is not None:
+            within &= count <= self.max_drafts
+        rate = np.where(within, tokens / seconds, -np.inf)  # [K, M]
+        row, last = np.unravel_index(int(np.argmax(rate)), rate.shape)  # the shallowest best walk
+        if rate[row, last] <= best.tokens_per_second:
+            return best
+        taken = order[: last + 1][within[row, : last + 1]] % bs  # item id j * bs + i -> request i
+        lens = np.bincount(taken, minlength=bs)
+        return Allocation(tuple(int(k) for k in lens), float(tokens[row, last]), float(seconds[row, last]))

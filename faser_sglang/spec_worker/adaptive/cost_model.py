@@ -404,24 +404,26 @@ class CostKey:
         )
 
 
-def read_cost_entries(path: str | os.PathLike[str]) -> dict[CostKey, CostModel]:
+def read_cost_entries(path: str | os.PathLike[str]) -> tuple[dict[CostKey, CostModel], int]:
+    """The file's models by key, and its format."""
     data = json.loads(Path(path).read_text())
     if data.get("format") not in range(OLDEST_FILE_FORMAT, FILE_FORMAT + 1):
         raise ValueError(
             f"cost file {path}: format {data.get('format')!r}, expected {OLDEST_FILE_FORMAT}..{FILE_FORMAT}"
         )
-    return {CostKey(**e["key"]): CostModel.from_dict(e["model"]) for e in data["entries"]}
-
-
-def cost_file_format(path: str | os.PathLike[str]) -> int:
-    return int(json.loads(Path(path).read_text())["format"])
+    entries = {CostKey(**e["key"]): CostModel.from_dict(e["model"]) for e in data["entries"]}
+    return entries, int(data["format"])
 
 
 def write_cost_entry(path: str | os.PathLike[str], key: CostKey, model: CostModel) -> None:
     """Add (or replace) the entry for ``key``, keeping other deployments' entries (not
     those of an older-format file: they would be stamped with this format)."""
     p = Path(path)
-    entries = read_cost_entries(p) if p.is_file() and cost_file_format(p) == FILE_FORMAT else {}
+    entries: dict[CostKey, CostModel] = {}
+    if p.is_file():
+        entries, file_format = read_cost_entries(p)
+        if file_format < FILE_FORMAT:
+            entries = {}
     entries[key] = model
     data = {
         "format": FILE_FORMAT,

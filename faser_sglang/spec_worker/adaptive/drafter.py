@@ -23,20 +23,13 @@ from faser_sglang.spec_worker.adaptive.cost_model import (
     CostKey,
     CostModel,
     analytical,
-    cost_file_format,
     read_cost_entries,
 )
 from faser_sglang.spec_worker.adaptive.hardware import ModelShape, gpu_spec
-from faser_sglang.spec_worker.policy import StepContext
+from faser_sglang.spec_worker.policy import STEADY_CATCHUP, StepContext
 from faser_sglang.spec_worker.validation import MAX_DRAFT_LEN
 
 logger = logging.getLogger(__name__)
-
-# Most catch-up tokens a request that drafted last step needs: the bonus token, after
-# its last draft when every draft was accepted (the draft fed all but that one), else
-# the bonus alone (StepContext.catchup_tokens).
-STEADY_CATCHUP = 2
-
 
 @dataclass(frozen=True)
 class Deployment:
@@ -78,10 +71,10 @@ def load_cost_model(config: FaserConfig, deployment: Deployment) -> CostModel:
     analytical fallback (logged, since its predictions are rough)."""
     key = deployment.key
     if config.cost_model_path is not None:
-        entries = read_cost_entries(config.cost_model_path)
+        entries, file_format = read_cost_entries(config.cost_model_path)
         model = entries.get(key)
         if model is not None:
-            if cost_file_format(config.cost_model_path) < FILE_FORMAT:
+            if file_format < FILE_FORMAT:
                 logger.warning(
                     "FASER adaptive: %s predates draft catch-ups in decode-row pieces; its catch-up "
                     "costs include eager EXTEND catch-ups. Re-profile with scripts/profile_costs.py",
@@ -141,19 +134,32 @@ class AdaptiveDrafterPolicy:
         if not rids:
             return []
         catchup = np.asarray(context.catchup_tokens(), np.float64)  # [bs]
+        gains = self.acceptance.gains(rids, k_max)  # [bs, k_max]
+        horizon = self.horizons(context, gains)  # [bs]
         pieces = None  # all catch-ups together fit one forward: no piece to price
         if context.catchup_piece_tokens is not None and catchup.sum() > context.catchup_piece_tokens:
-            steady = np.minimum(catchup, STEADY_CATCHUP)
-            pieces = CatchupPieces(steady, catchup, context.catchup_piece_tokens, self.catchup_horizon)
+            pieces = CatchupPieces(catchup, context.catchup_piece_tokens, horizon)
         allocation = allocate(
-            self.acceptance.gains(rids, k_max),
+            gains,
             np.asarray(context.seq_lens),
-            charged_catchup(catchup, self.catchup_horizon),
+            charged_catchup(catchup, horizon),
             self.cost_model,
             max_drafts=context.max_drafts(),
             pieces=pieces,
         )
         return list(allocation.draft_lens)
+
+    def horizons(self, context: StepContext, gains: np.ndarray) -> np.ndarray:
+        """[bs] steps over which each request's catch-up backlog is charged:
+        ``catchup_horizon``, or fewer for a request that has fewer steps left. A request
+        with n tokens left to emit and gains g ([bs, K]) lives at least
+        n / (1 + sum_j g[j]) more steps (each emitting as many tokens as its longest
+        draft would, in expectation); its backlog is charged over no more than that."""
+        horizon = np.full(len(context.seq_lens), float(self.catchup_horizon))
+        if context.remaining_tokens is not None:
+            left = np.array([np.inf if n is None else n for n in context.remaining_tokens], np.float64)
+            horizon = np.clip(left / (1.0 + gains.sum(axis=1)), 1.0, horizon)
+        return horizon
 
     def observe(self, rids: Sequence[str], draft_lens: Sequence[int], num_accepted: Sequence[int]) -> None:
         self.acceptance.observe(rids, draft_lens, num_accepted)
@@ -162,15 +168,16 @@ class AdaptiveDrafterPolicy:
         self.acceptance.forget(rid)
 
 
-def charged_catchup(tokens: np.ndarray, horizon: int) -> np.ndarray:
+def charged_catchup(tokens: np.ndarray, horizon: np.ndarray | float) -> np.ndarray:
     """[bs] catch-up tokens charged to this step for each request ([bs] ``tokens``).
 
     A request's usual catch-up (up to STEADY_CATCHUP tokens) is the step's own cost. A
     backlog beyond it (a lazy prefill's whole prompt, the tokens of plain-decode
     steps) is paid once and then lets the request draft step after step, so the
-    step is charged 1/``horizon`` of it. Charged in full, a 300-token prompt at 26 us
-    per token (the 0.42B draft on an H200) would outweigh one step's expected gain
-    and the request would never draft, however well its drafts would be accepted.
+    step is charged 1/``horizon`` of it ([bs] or one for all). Charged in full, a
+    300-token prompt at 26 us per token (the 0.42B draft on an H200) would outweigh
+    one step's expected gain and the request would never draft, however well its
+    drafts would be accepted.
     """
     tokens = np.asarray(tokens, np.float64)
     steady = np.minimum(tokens, STEADY_CATCHUP)
