@@ -240,20 +240,26 @@ def test_joint_fit_without_draft_seconds_still_predicts():
         assert model.step_time(s.draft_lens, s.seq_lens, s.catchup) == pytest.approx(s.seconds, rel=0.06)
 
 
+# A plain decode: the verify's forward at N = bs, 5 ms cheaper (no verify path).
+PLAIN_KNOWN = PlainCost(
+    fixed=KNOWN.verify.fixed - 5e-3, row=KNOWN.verify.row + KNOWN.verify.token, context_token=KNOWN.verify.context_token
+)
+
+
 def test_fit_gives_steps_without_drafts_their_own_term():
     """Plain decode steps (nobody drafts) cost less than a zero-length verify; the fit
     prices them apart when the profile has enough of them, and not otherwise."""
-    known = replace(KNOWN, plain=PlainCost(fixed=7e-3, row=1.0e-5, context_token=1.5e-8))
+    known = replace(KNOWN, plain=PLAIN_KNOWN)
     samples = synthetic_steps(known, 600, seed=4, noise=0.01, with_draft_seconds=True)
     assert 40 < sum(not any(s.draft_lens) for s in samples) < 120  # cap 0: one step in nine
     model = fit(samples, knots=(256, 512, 1024))
     assert model.holdout_mape < 0.02
-    assert model.plain.fixed == pytest.approx(7e-3, rel=0.05)
+    assert model.plain.fixed == pytest.approx(PLAIN_KNOWN.fixed, rel=0.05)
     assert model.verify.fixed == pytest.approx(KNOWN.verify.fixed, rel=0.05)  # not dragged down
     assert model.step_time((0, 0), (100, 200), (1, 1)) == pytest.approx(known.plain.time(2, 300.0), rel=0.05)
     assert model.step_time((1, 0), (100, 200), (1, 1)) == pytest.approx(known.step_time((1, 0), (100, 200), (1, 1)), rel=0.05)
     few = [s for s in samples if any(s.draft_lens)] + [s for s in samples if not any(s.draft_lens)][:3]
-    assert fit(few).plain is None  # too few to fit three coefficients: priced as verifies
+    assert fit(few).plain is None  # too few to fit the term: priced as verifies
     assert CostModel.from_dict(model.to_dict()) == model
     older = model.to_dict()
     del older["plain"]  # a cost file written before the term existed
@@ -299,6 +305,28 @@ def test_cost_file_round_trip_and_key_matching(tmp_path):
     path.write_text(json.dumps({**older, "format": 7}))
     with pytest.raises(ValueError, match="format 7"):
         read_cost_entries(path)
+
+
+def test_plain_term_extrapolates_past_a_profile_whose_contexts_grow_with_the_batch():
+    """In a profile the plain steps' contexts grow with the batch (here 400 tokens a
+    request, 1-64 requests), so their per-request and per-context prices cannot be told
+    apart. The fit takes them from the verify (the same forward at N = bs), so a plain
+    step of 128 requests of 1000 tokens is priced right, and stays below the verify of
+    the same batch."""
+    known = replace(KNOWN, plain=PLAIN_KNOWN)
+    rng = np.random.default_rng(9)
+    samples = []
+    for s in synthetic_steps(known, 400, seed=9, noise=0.0, with_draft_seconds=True):
+        if any(s.draft_lens):
+            samples.append(s)
+    for _ in range(40):  # plain steps, context 400 per request
+        bs = int(rng.choice([1, 2, 4, 8, 16, 32, 64]))
+        seq = tuple(int(x) for x in rng.integers(350, 450, bs))
+        samples.append(StepSample((0,) * bs, seq, (1,) * bs, known.no_draft_time(seq) * (1 + 0.01 * rng.standard_normal())))
+    model = fit(samples, knots=(256, 512, 1024))
+    seq = (1000,) * 128
+    assert model.no_draft_time(seq) == pytest.approx(known.no_draft_time(seq), rel=0.03)
+    assert model.no_draft_time(seq) < model.verify.time(128, 128, 128_000)
 
 
 def test_analytical_roofline():

@@ -34,7 +34,16 @@ holds such steps it has its own term,
 
 so the first draft of a step is priced against the decode it replaces, not against
 a zero-length verify; without it (older cost files, the analytical estimate) an
-all-zero step is priced as a verify with N = bs.
+all-zero step is priced as a verify with N = bs. A plain decode of bs requests is
+the target forward a verify of N = bs tokens runs, less the verify path's own work,
+so ``fit`` takes its row and context prices from the verify (row + token, and
+context_token) and fits only its fixed term. Fitted freely, the three would not be
+identified: a profile's plain steps have contexts that grow with the batch, and on
+the 13.5B pair's H200 profile the free fit put the batch's cost on the context
+(0.26 us per token), which predicted 26 ms for a plain step of 128 requests of 500
+tokens, twice the verify of the same batch, so drafting looked free at high load.
+In those profiles verify(N = bs) - plain is flat in bs (1.26-1.35 ms at 1-64
+requests; 1.75-2.05 ms in another), which is what the tie assumes.
 
 Coefficients come from one of two places:
 - ``fit``: non-negative least squares on profiled steps (scripts/profile_costs.py),
@@ -78,7 +87,7 @@ OLDEST_FILE_FORMAT = 1
 DEFAULT_KNOTS = (128, 256, 512, 1024, 2048, 4096)
 # Per-step trace fields a profiled sample needs (draft_seconds is optional).
 TRACE_KEYS = ("draft_lens", "seq_lens", "draft_kv_lens", "seconds")
-# Fewest training steps without drafts that get their own (3-coefficient) plain term.
+# Fewest training steps without drafts that get their own plain term.
 MIN_PLAIN_SAMPLES = 8
 
 
@@ -244,11 +253,8 @@ def fit(
     seconds = np.array([s.seconds for s in samples])  # [n]
     weight = 1.0 / seconds  # relative error: fast and slow steps count alike
     no_draft = np.array([not any(s.draft_lens) for s in samples])  # [n]
-    plain = None
-    if np.count_nonzero(no_draft[train]) >= MIN_PLAIN_SAMPLES:
-        rows = train[no_draft[train]]
-        x_plain = np.array([_plain_features(samples[i].seq_lens) for i in rows])  # [p, 3]
-        plain = PlainCost(*(float(c) for c in _nnls(x_plain, seconds[rows], weight[rows])))
+    plain_rows = train[no_draft[train]]
+    if len(plain_rows) >= MIN_PLAIN_SAMPLES:
         train = train[~no_draft[train]]
 
     tokens = np.array([sum(s.draft_lens) + len(s.draft_lens) for s in samples], np.float64)
@@ -265,16 +271,15 @@ def fit(
     else:
         joint = _nnls(np.hstack([x_draft, x_verify])[train], seconds[train], weight[train])
         c_draft, c_verify = joint[: x_draft.shape[1]], joint[x_draft.shape[1] :]
-    model = CostModel(
-        draft=DraftCost(*(float(c) for c in c_draft)),
-        verify=VerifyCost(
-            *(float(c) for c in c_verify[:4]),
-            knots=knots,
-            knot_slopes=tuple(float(c) for c in c_verify[4:]),
-        ),
-        source="profiled",
-        plain=plain,
+    verify = VerifyCost(
+        *(float(c) for c in c_verify[:4]),
+        knots=knots,
+        knot_slopes=tuple(float(c) for c in c_verify[4:]),
     )
+    plain = None
+    if len(plain_rows) >= MIN_PLAIN_SAMPLES:
+        plain = _fit_plain([samples[i].seq_lens for i in plain_rows], seconds[plain_rows], verify)
+    model = CostModel(draft=DraftCost(*(float(c) for c in c_draft)), verify=verify, source="profiled", plain=plain)
     held_out = [samples[i] for i in hold]
     predicted = np.array([model.step_time(s.draft_lens, s.seq_lens, s.catchup, s.piece_tokens) for s in held_out])
     mape = float(np.mean(np.abs(predicted - seconds[hold]) / seconds[hold]))
@@ -290,9 +295,16 @@ def _catchup_total(draft_lens: Sequence[int], catchup: Sequence[int]) -> float:
     return float(sum(c for k, c in zip(draft_lens, catchup) if k > 0))
 
 
-def _plain_features(seq_lens: Sequence[int]) -> np.ndarray:
-    """[3] in PlainCost's field order: 1, bs, C."""
-    return np.array([1.0, float(len(seq_lens)), float(sum(seq_lens))])
+def _fit_plain(seq_lens: Sequence[Sequence[int]], seconds: np.ndarray, verify: VerifyCost) -> PlainCost:
+    """The plain term from steps without drafts ([p] ``seq_lens``, ``seconds``): row and
+    context prices of the verify at N = bs (the module docstring says why), and the
+    fixed term minimising the relative error, sum_i ((fixed + a_i - t_i) / t_i)^2. The
+    term is linear: a batch past the verify's first knot is priced without its slopes."""
+    row, context = verify.row + verify.token, verify.context_token
+    slopes = np.array([row * len(s) + context * sum(s) for s in seq_lens])  # [p] a_i
+    weight = seconds**-2.0
+    fixed = float(np.sum(weight * (seconds - slopes)) / np.sum(weight))
+    return PlainCost(max(fixed, 0.0), row, context)
 
 
 def _draft_features(
