@@ -134,8 +134,10 @@ case ${1:?call: 1|2|3|4} in
       cp $MODELS/pair.json $RES/
       while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself before timing
       if [[ -f '${COSTS:-}' ]]; then cp '${COSTS:-}' $RES/costs.json  # an earlier profile of this pair
+      # Batch sizes up to the A/B's running requests, and long contexts, so the fit
+      # tells a batch's size from its context length.
       else CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
-        --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64 --long-batch-sizes '' \
+        --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64,128 --long-batch-sizes 4,16 \
         --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20; fi
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
       $AB_CMD

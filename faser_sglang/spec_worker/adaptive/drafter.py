@@ -31,6 +31,7 @@ from faser_sglang.spec_worker.validation import MAX_DRAFT_LEN
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Deployment:
     """What the step cost depends on: the cost-file key, and both models' configs
