@@ -151,9 +151,13 @@ def test_pool_evidence_ages_out_when_nobody_drafts():
     for i in range(8):
         w.observe([f"bad{i}"], [4], [0])
     assert w.pooled_alphas()[0] == pytest.approx(2 * 0.7 / 10)
-    w.observe([f"idle{i}" for i in range(4)], [0] * 4, [0] * 4)  # four request-steps, no evidence
+    for _ in range(8):  # eight steps of 16 requests without drafts: eight entries, no evidence
+        w.observe([f"idle{i}" for i in range(16)], [0] * 16, [0] * 16)
     assert w.pooled_alphas()[0] == pytest.approx(2 * 0.7 / 10)  # the failures are still in the pool
-    w.observe([f"idle{i}" for i in range(12)], [0] * 12, [0] * 12)
+    w.observe(["idle0"], [0], [0])
+    assert w.pooled_alphas()[0] == pytest.approx((2 * 0.7) / 9)  # the oldest failure aged out
+    for _ in range(7):
+        w.observe(["idle0", "idle1"], [0, 0], [0, 0])
     np.testing.assert_allclose(w.pooled_alphas(), 0.7)  # aged out: the base rate again
 
 
@@ -574,14 +578,15 @@ def test_adaptive_policy_learns_per_request_lengths():
 def test_adaptive_policy_resumes_drafting_after_an_unlucky_start():
     """Four requests at a time; the first 30 steps' drafts are nearly all rejected, then
     drafts are accepted with p = 0.9. The bad start switches drafting off for everyone
-    (rightly); the pool's evidence then ages out over steps without drafts and the
-    re-probed drafts find the good acceptance, so drafting resumes within a few pools."""
+    (rightly); the pool's evidence then ages out over steps without drafts (one entry a
+    step) and the re-probed drafts find the good acceptance, so drafting resumes within
+    about a pool of steps."""
     policy = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive"), KNOWN)
     pool = policy.acceptance.pool_size
     rng = random.Random(1)
     lens: dict[str, list[int]] = {}  # rid -> [committed tokens, draft KV tokens]
     drafted, next_id = [], 0
-    for step in range(30 + 3 * pool // 4):
+    for step in range(30 + pool + 100):
         while len(lens) < 4:
             lens[f"r{next_id}"] = [300, 300]
             next_id += 1
