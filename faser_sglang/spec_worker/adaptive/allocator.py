@@ -39,9 +39,13 @@ than the cap left out), so deep items of one excellent request cannot force a
 forward the others do not need; the K_max walks run at once, as the rows of
 [K_max, bs * K_max] arrays. A cap on the total drafts (the verify tokens the CUDA
 graphs hold) ends every walk early. When catch-ups run in several forwards the walks
-are repeated once more with a piece-aware ranking (``allocate``). All of it is a sort
-of bs * K_max items and a few vectorised passes: on a 2-core CPU ~0.1-0.3 ms for
-bs <= 64 and ~1.5 ms at bs = 256 with K_max = 8 (tests print the timings). Before
+are repeated once more with a piece-aware ranking (``allocate``). An item whose gain
+over its least marginal cost (own cost and one verify token; for a request's first
+item, over its best bundle) is at most the best rate found so far would lower the
+rate of any point it joined, so the walks leave such items out: at high load most.
+All of it is a sort of bs * K_max items and a few vectorised passes: on a 2-core CPU
+~0.1-0.3 ms for bs <= 64 and ~1.1 ms at bs = 256 with K_max = 8 (tests print the
+timings). Before
 any of it, a bound (every gain taken, at the price of the fastest drafted step: one
 verify token and one draft forward) returns the plain decode when no draft can pay,
 which at high load is most steps.
@@ -157,7 +161,7 @@ def allocate(
     priced = np.maximum(own + (verify[1] - verify[0]), MIN_ITEM_SECONDS)
     # [K+1] seconds of draft forwards when the deepest draft is 0..K.
     forward = np.concatenate(([0.0], d.extend_forward + d.decode_forward * np.arange(k_max)))
-    walk = _Walk(gains, own, verify, forward, d.extend_forward, pieces, max_drafts)
+    walk = _Walk(gains, own, verify, forward, d.extend_forward, pieces, max_drafts, _ranking_key(gains, priced))
     best = walk.best(priced, no_draft)
     if pieces is not None:
         # Catch-up forwards are a step function of the drafting requests' tokens, which
@@ -180,6 +184,9 @@ class _Walk:
     catchup_forward: float  # seconds per catch-up forward
     pieces: Optional[CatchupPieces]
     max_drafts: Optional[int]
+    # [bs, K] each item's gain over its least marginal cost (own + one verify token), the
+    # first item's over its request's best bundle, non-increasing along j.
+    ceiling: np.ndarray
 
     def best(self, priced: np.ndarray, best: Allocation) -> Allocation:
         """The best of ``best`` and every walk's points, items ranked by ``priced`` ([bs, K]).
@@ -187,12 +194,16 @@ class _Walk:
         All K walks at once: row c - 1 of the [K, M] arrays walks the items of depth <= c
         in order (an item deeper than the cap repeats the point before it, masked out)."""
         bs, k_max = self.gains.shape
-        efficiency = self.gains / priced
-        efficiency[:, 0] = (np.cumsum(self.gains, axis=1) / np.cumsum(priced, axis=1)).max(axis=1)
-        key = np.minimum.accumulate(efficiency, axis=1)  # non-increasing along j: prefixes only
         # Items in level-major order (id = j * bs + i), so a stable sort breaks ties
         # toward shallower items, which share forwards already paid for.
-        order = np.argsort(-key.T.ravel(), kind="stable")  # [M]
+        order = np.argsort(-_ranking_key(self.gains, priced).T.ravel(), kind="stable")  # [M]
+        # An item (with the rest of its request's drafts) whose ceiling is at most the
+        # best rate so far lowers the rate of every point it joins, since its marginal
+        # cost is at least own + one verify token: leave it out. At high load that is
+        # most items. Ceilings are non-increasing along j, so requests keep prefixes.
+        order = order[self.ceiling.T.ravel()[order] > best.tokens_per_second]
+        if len(order) == 0:
+            return best
         level = order // bs  # [M] j of each offered item
         within = level < np.arange(1, k_max + 1)[:, None]  # [K, M] item offered to walk c - 1
 
@@ -219,3 +230,11 @@ class _Walk:
         taken = order[: last + 1][within[row, : last + 1]] % bs  # item id j * bs + i -> request i
         lens = np.bincount(taken, minlength=bs)
         return Allocation(tuple(int(k) for k in lens), float(tokens[row, last]), float(seconds[row, last]))
+
+
+def _ranking_key(gains: np.ndarray, priced: np.ndarray) -> np.ndarray:
+    """[bs, K] marginal efficiency g / priced, the first item's the best of the bundles it
+    opens, made non-increasing along j (so a request's items are taken as a prefix)."""
+    efficiency = gains / priced
+    efficiency[:, 0] = (np.cumsum(gains, axis=1) / np.cumsum(priced, axis=1)).max(axis=1)
+    return np.minimum.accumulate(efficiency, axis=1)
