@@ -319,14 +319,12 @@ def test_plain_term_extrapolates_past_a_profile_whose_contexts_grow_with_the_bat
     the same batch."""
     known = replace(KNOWN, plain=PLAIN_KNOWN)
     rng = np.random.default_rng(9)
-    samples = []
-    for s in synthetic_steps(known, 400, seed=9, noise=0.0, with_draft_seconds=True):
-        if any(s.draft_lens):
-            samples.append(s)
+    samples = [s for s in synthetic_steps(known, 400, seed=9, noise=0.0, with_draft_seconds=True) if any(s.draft_lens)]
     for _ in range(40):  # plain steps, context 400 per request
         bs = int(rng.choice([1, 2, 4, 8, 16, 32, 64]))
         seq = tuple(int(x) for x in rng.integers(350, 450, bs))
-        samples.append(StepSample((0,) * bs, seq, (1,) * bs, known.no_draft_time(seq) * (1 + 0.01 * rng.standard_normal())))
+        seconds = known.no_draft_time(seq) * (1 + 0.01 * rng.standard_normal())
+        samples.append(StepSample((0,) * bs, seq, (1,) * bs, seconds))
     model = fit(samples, knots=(256, 512, 1024))
     seq = (1000,) * 128
     assert model.no_draft_time(seq) == pytest.approx(known.no_draft_time(seq), rel=0.03)
