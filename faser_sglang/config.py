@@ -51,7 +51,7 @@ class FaserConfig:
     # whose draft lags (a lazy prefill's prompt, tokens of plain-decode steps) pays its
     # backlog once and then drafts on; charging all of it to one step would keep such a
     # request from ever drafting. 1: charge it all to the step that pays it. A request
-    # with fewer tokens left to emit is charged over that many steps.
+    # near its max_new_tokens is charged over fewer: the steps it has left at least.
     catchup_horizon: int = 16
     # Adaptive policy: JSON cost file written by scripts/profile_costs.py; None (or no
     # entry for this GPU/models/backend/dtype) uses the analytical roofline estimate.

@@ -79,7 +79,7 @@ def simulate(
             next_id += 1
         rids = list(live)
         seq_lens = tuple(live[r][0] for r in rids)
-        remaining = tuple(live[r][2] - 1 for r in rids)  # after this step's bonus token
+        remaining = tuple(live[r][2] - 1 for r in rids)  # besides the bonus token
         context = StepContext(seq_lens, tuple(live[r][1] for r in rids), max_verify_tokens, piece_tokens, remaining)
         lengths = policy.choose(rids, k_max, context)
         probs = bad_accept if step < bad_steps else accept

@@ -40,6 +40,7 @@ from faser_sglang.spec_worker.adaptive import (
     read_cost_entries,
     write_cost_entry,
 )
+from faser_sglang.spec_worker.adaptive import allocator
 from faser_sglang.spec_worker.policy import (
     EmaLengthPolicy,
     FixedLengthPolicy,
@@ -297,7 +298,7 @@ def test_cost_file_round_trip_and_key_matching(tmp_path):
     assert CostKey.of("NVIDIA H200", "/data/Llama-3.1-8B", "Llama-3.2-1B", "flashinfer", "bfloat16") == h200
     assert CostKey.of("NVIDIA H200", "Llama-3.1-8B", "Llama-3.2-1B", "triton", "bfloat16") not in entries
     write_cost_entry(path, h200, KNOWN)  # replacing keeps the other entry
-    assert read_cost_entries(path) == ({h200: KNOWN, h100: KNOWN}, 2)
+    assert read_cost_entries(path) == ({h200: KNOWN, h100: KNOWN}, 3)
     assert json.loads(path.read_text())["entries"][0]["model"]["source"] == "profiled"
     # A file fitted before catch-ups ran in pieces (format 1) still loads; a new entry
     # does not keep its other entries (they would be stamped with the new format).
@@ -305,7 +306,7 @@ def test_cost_file_round_trip_and_key_matching(tmp_path):
     path.write_text(json.dumps({**older, "format": 1}))
     assert read_cost_entries(path) == ({h200: KNOWN, h100: KNOWN}, 1)
     write_cost_entry(path, h200, model)
-    assert read_cost_entries(path) == ({h200: model}, 2)
+    assert read_cost_entries(path) == ({h200: model}, 3)
     path.write_text(json.dumps({**older, "format": 7}))
     with pytest.raises(ValueError, match="format 7"):
         read_cost_entries(path)
@@ -471,6 +472,36 @@ def test_near_optimal_against_brute_force():
     assert min(ratios) > 0.95 and np.mean(ratios) > 0.999
 
 
+def test_pruned_walks_find_the_unpruned_best(monkeypatch):
+    """Leaving out the items that cannot raise the best rate never loses the best point: random
+    cost models (plain terms dearer than a verify included), catch-ups in pieces with
+    mixed horizons, with and without a draft cap."""
+    rng = np.random.default_rng(11)
+    cases = []
+    for _ in range(3000):
+        model = CostModel(
+            DraftCost(*rng.uniform([1e-3, 1e-3, 0, 0, 0], [4e-3, 4e-3, 2e-5, 2e-5, 1e-8])),
+            VerifyCost(*rng.uniform([5e-3, 0, 0, 0], [3e-2, 5e-5, 5e-5, 5e-8]), (8.0,), (rng.uniform(0, 2e-3),)),
+            "synthetic",
+            plain=PlainCost(*rng.uniform([2e-3, 0, 0], [3e-2, 5e-5, 5e-8])) if rng.random() < 0.5 else None,
+        )
+        bs, k_max = int(rng.integers(1, 12)), int(rng.integers(1, 6))
+        gains = np.cumprod(rng.uniform(0.05, 1.0, (bs, k_max)), axis=1)
+        catchup = rng.integers(1, 40, bs).astype(float)
+        horizon = rng.integers(1, 64, bs).astype(float)
+        pieces = CatchupPieces(catchup, int(rng.integers(2, 16)), horizon) if rng.random() < 0.7 else None
+        max_drafts = None if rng.random() < 0.5 else int(rng.integers(1, bs * k_max + 1))
+        args = (gains, rng.integers(50, 4000, bs), charged_catchup(catchup, horizon), model)
+        cases.append((args, {"max_drafts": max_drafts, "pieces": pieces}))
+    pruned = [allocate(*args, **kw).tokens_per_second for args, kw in cases]
+    monkeypatch.setattr(allocator, "_ceilings", lambda gains, priced: np.full(gains.shape, np.inf))
+    unpruned = [allocate(*args, **kw).tokens_per_second for args, kw in cases]
+    # Never worse; now and then better (a point without the left-out items can beat the
+    # unpruned walk's best).
+    ratio = np.array(pruned) / np.array(unpruned)
+    assert ratio.min() >= 1 - 1e-12 and np.mean(ratio == 1.0) > 0.99
+
+
 @pytest.mark.parametrize("which", ["analytical Llama-3.1-8B / 3.2-1B", "profiled 7.18B pair"])
 def test_allocator_overhead(which):
     rng = np.random.default_rng(0)
@@ -534,10 +565,16 @@ def test_make_policy_adaptive_loads_profiled_or_falls_back(tmp_path, caplog):
         assert make_policy(FaserConfig(policy="adaptive"), deployment()).cost_model.source == "analytical"
     assert "ANALYTICAL" in caplog.text
     caplog.clear()
-    path.write_text(json.dumps({**json.loads(path.read_text()), "format": 1}))
+    current = json.loads(path.read_text())
+    path.write_text(json.dumps({**current, "format": 1}))
     with caplog.at_level(logging.WARNING):
         assert make_policy(FaserConfig(policy="adaptive", cost_model_path=str(path)), deployment()).cost_model == KNOWN
-    assert "Re-profile" in caplog.text
+    assert "Re-profile" in caplog.text and "decode-row pieces" in caplog.text and "plain-decode" in caplog.text
+    caplog.clear()
+    path.write_text(json.dumps({**current, "format": 2}))
+    with caplog.at_level(logging.WARNING):
+        make_policy(FaserConfig(policy="adaptive", cost_model_path=str(path)), deployment())
+    assert "plain-decode" in caplog.text and "decode-row pieces" not in caplog.text
     # A model the roofline cannot size needs a profile; with one, its config is never read.
     unsized = replace(deployment(), target_config={"model_type": "exotic"})
     with pytest.raises(ValueError, match="profile_costs.py"):
@@ -638,17 +675,18 @@ def test_a_lazy_request_drafts_despite_its_prompt_backlog():
 
 
 def test_catch_up_pieces_of_a_backlog_are_charged_over_the_horizon():
-    pieces = CatchupPieces(np.array([302.0]), piece_tokens=128, horizon=np.array([4.0]))
+    pieces = CatchupPieces(np.array([302.0, 2.0]), piece_tokens=128, horizon=np.array([4.0, 1.0]))
+    np.testing.assert_allclose(pieces.backlog_rate, [0.25, 0.0])  # no backlog: no rate
     # F(2) = 1 forward of its own; F(302) = 3, the 2 more are the backlog's: 1 + 2 / 4.
-    np.testing.assert_allclose(pieces.spread, [75.0])
     np.testing.assert_allclose(
-        pieces.charged(np.array([2.0, 2.0]), np.array([2.0, 302.0]), np.array([0.0, 75.0])), [1.0, 1.5]
+        pieces.charged(np.array([2.0, 2.0]), np.array([2.0, 302.0]), np.array([0.0, 0.25])), [1.0, 1.5]
     )
-    # Two backlogs of 300 over 4 and 12 steps: F(4) = 1, F(604) = 5; of the 4 more
-    # forwards, the share (300/4 + 300/12) / 600 = 1/6 is charged.
+    # Two backlogs of 300 over 4 and 12 steps: F(4) = 1, F(604) = 5, the 4 more charged at
+    # the shorter horizon. Adding the second request never lowers the charge (the walks'
+    # pruning needs that): 1 + 2 / 4 alone, 1 + 4 / 4 with it.
     both = CatchupPieces(np.array([302.0, 302.0]), piece_tokens=128, horizon=np.array([4.0, 12.0]))
-    total, spread = both.total.sum(), both.spread.sum()
-    np.testing.assert_allclose(both.charged(np.array([4.0]), np.array([total]), np.array([spread])), [1 + 4 / 6])
+    rate = both.backlog_rate.max()
+    np.testing.assert_allclose(both.charged(np.array([4.0]), np.array([604.0]), np.array([rate])), [2.0])
     # The allocator charges exactly that: one request with the backlog, horizon 1.
     gains = np.full((1, 4), 0.99) ** np.arange(1, 5)
     seq, catchup = np.array([300]), np.array([301.0])

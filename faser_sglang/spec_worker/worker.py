@@ -365,9 +365,10 @@ def cap_to_remaining(lengths: list[int], reqs, seq_lens: Sequence[int]) -> list[
 
 
 def remaining_tokens(reqs, seq_lens: Sequence[int]) -> list[Optional[int]]:
-    """[bs] tokens each request may still emit after this step's bonus token (None: no
-    max_new_tokens). A request has emitted seq_len + 1 - prompt tokens, counted from the
-    committed length because under the overlap schedule ``req.output_ids`` lags a step."""
+    """[bs] tokens each request may still emit besides the bonus token it holds (None: no
+    max_new_tokens). A request has emitted seq_len + 1 - prompt tokens, the bonus
+    included, counted from the committed length because under the overlap schedule
+    ``req.output_ids`` lags a step."""
     left: list[Optional[int]] = []
     for req, n in zip(reqs, seq_lens):
         limit = req.sampling_params.max_new_tokens

@@ -42,7 +42,8 @@ graphs hold) ends every walk early. When catch-ups run in several forwards the w
 are repeated once more with a piece-aware ranking (``allocate``). An item whose gain
 over its least marginal cost (own cost and one verify token; for a request's first
 item, over its best bundle) is at most the best rate found so far would lower the
-rate of any point it joined, so the walks leave such items out: at high load most.
+rate of any point it joined, so the walks leave such items out (the premises are at
+``_Walk.best``): at high load most.
 All of it is a sort of bs * K_max items and a few vectorised passes: on a 2-core CPU
 ~0.1-0.3 ms for bs <= 64 and ~1.1 ms at bs = 256 with K_max = 8 (tests print the
 timings). Before
@@ -82,10 +83,12 @@ class CatchupPieces:
     """Catch-up forwards a step is charged. A catch-up of c tokens is priced as F(c) =
     ceil(c / piece_tokens) forwards, at most MAX_CATCHUP_PIECES (policy.catchup_forwards).
     The forwards of the requests' usual catch-ups (``steady``: up to STEADY_CATCHUP
-    tokens each) are the step's own; those a backlog adds are paid once and charged as
-    its tokens are (drafter.charged_catchup: request i's backlog b_i over h_i steps):
-    F(steady) + (F(total) - F(steady)) * sum_i (b_i / h_i) / sum_i b_i, which is
-    1/h of them when every horizon is h."""
+    tokens each) are the step's own; those the backlogs add are paid once and charged
+    1/h of, h the shortest horizon among the requests that bring a backlog
+    (drafter.charged_catchup charges request i's backlog tokens over its h_i):
+    F(steady) + (F(total) - F(steady)) / h. Never less when a request is added (F is
+    non-decreasing, F(total) >= F(steady), and h can only shrink), which the walks'
+    pruning relies on."""
 
     total: np.ndarray  # [bs] each request's catch-up tokens
     piece_tokens: int
@@ -97,21 +100,20 @@ class CatchupPieces:
         return np.minimum(self.total, STEADY_CATCHUP)
 
     @property
-    def spread(self) -> np.ndarray:
-        """[bs] backlog tokens charged to this step: b_i / h_i."""
-        return (self.total - self.steady) / self.horizon
+    def backlog_rate(self) -> np.ndarray:
+        """[bs] 1 / h_i for a request with a backlog, 0 without one."""
+        return np.where(self.total > self.steady, 1.0 / self.horizon, 0.0)
 
     def share(self) -> np.ndarray:
-        """[bs] the forwards each request's catch-up fills, charged as in ``charged``."""
-        return (self.steady + self.spread) / self.piece_tokens
+        """[bs] the forwards each request's catch-up fills, its backlog spread over its
+        own horizon (a ranking weight, not a price)."""
+        return (self.steady + (self.total - self.steady) / self.horizon) / self.piece_tokens
 
-    def charged(self, steady: np.ndarray, total: np.ndarray, spread: np.ndarray) -> np.ndarray:
+    def charged(self, steady: np.ndarray, total: np.ndarray, rate: np.ndarray) -> np.ndarray:
         """[n] forwards charged for catch-ups of ``steady`` / ``total`` tokens whose
-        backlogs are charged ``spread`` tokens ([n] sums over the requests, each)."""
+        backlogs' largest ``backlog_rate`` is ``rate`` ([n] each)."""
         usual = catchup_forwards(steady, self.piece_tokens)
-        backlog = total - steady
-        charged = np.divide(spread, backlog, out=np.zeros_like(backlog), where=backlog > 0)
-        return usual + (catchup_forwards(total, self.piece_tokens) - usual) * charged
+        return usual + (catchup_forwards(total, self.piece_tokens) - usual) * rate
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def allocate(
     priced = np.maximum(own + (verify[1] - verify[0]), MIN_ITEM_SECONDS)
     # [K+1] seconds of draft forwards when the deepest draft is 0..K.
     forward = np.concatenate(([0.0], d.extend_forward + d.decode_forward * np.arange(k_max)))
-    walk = _Walk(gains, own, verify, forward, d.extend_forward, pieces, max_drafts, _ranking_key(gains, priced))
+    walk = _Walk(gains, own, verify, forward, d.extend_forward, pieces, max_drafts, _ceilings(gains, priced))
     best = walk.best(priced, no_draft)
     if pieces is not None:
         # Catch-up forwards are a step function of the drafting requests' tokens, which
@@ -198,12 +200,18 @@ class _Walk:
         # toward shallower items, which share forwards already paid for.
         order = np.argsort(-_ranking_key(self.gains, priced).T.ravel(), kind="stable")  # [M]
         # An item (with the rest of its request's drafts) whose ceiling is at most the
-        # best rate so far lowers the rate of every point it joins, since its marginal
-        # cost is at least own + one verify token: leave it out. At high load that is
-        # most items. Ceilings are non-increasing along j, so requests keep prefixes.
-        order = order[self.ceiling.T.ravel()[order] > best.tokens_per_second]
-        if len(order) == 0:
-            return best
+        # best rate so far lowers the rate of every point it joins: its marginal cost is
+        # at least own + one verify token, since verify prices are convex and forwards
+        # and charged catch-up forwards never fall when an item is added. Taking such
+        # items out of a point down to none ends at a verify of bs tokens alone, so the
+        # argument needs that to be no faster than the best rate; it is whenever the plain
+        # decode is cheaper than that verify (cost files fitted with the tied plain term).
+        # At high load most items go. Ceilings are non-increasing along j: requests keep
+        # prefixes.
+        if bs / self.verify[0] <= best.tokens_per_second:
+            order = order[self.ceiling.T.ravel()[order] > best.tokens_per_second]
+            if len(order) == 0:
+                return best
         level = order // bs  # [M] j of each offered item
         within = level < np.arange(1, k_max + 1)[:, None]  # [K, M] item offered to walk c - 1
 
@@ -216,11 +224,13 @@ class _Walk:
         seconds = running(self.own.T.ravel()[order]) + self.verify[count] + self.forward[deepest]
         if self.pieces is not None:  # catch-up forwards beyond the first
             first = level == 0  # [M] an item at j = 0 adds its request's catch-up tokens
-            steady, total, spread = (
+            steady, total = (
                 running(np.where(first, per_request[order % bs], 0.0))
-                for per_request in (self.pieces.steady, self.pieces.total, self.pieces.spread)
+                for per_request in (self.pieces.steady, self.pieces.total)
             )
-            seconds = seconds + self.catchup_forward * (self.pieces.charged(steady, total, spread) - 1)
+            rate = np.where(within & first, self.pieces.backlog_rate[order % bs], 0.0)
+            rate = np.maximum.accumulate(rate, axis=1)  # [K, M] shortest horizon so far
+            seconds = seconds + self.catchup_forward * (self.pieces.charged(steady, total, rate) - 1)
         if self.max_drafts is not None:
             within &= count <= self.max_drafts
         rate = np.where(within, tokens / seconds, -np.inf)  # [K, M]
@@ -238,3 +248,9 @@ def _ranking_key(gains: np.ndarray, priced: np.ndarray) -> np.ndarray:
     efficiency = gains / priced
     efficiency[:, 0] = (np.cumsum(gains, axis=1) / np.cumsum(priced, axis=1)).max(axis=1)
     return np.minimum.accumulate(efficiency, axis=1)
+
+
+def _ceilings(gains: np.ndarray, priced: np.ndarray) -> np.ndarray:
+    """[bs, K] _Walk.ceiling: the ranking key of the walk that prices each item at its
+    own cost and one verify token (``priced``), the least it can add to a step."""
+    return _ranking_key(gains, priced)

@@ -78,11 +78,17 @@ from faser_sglang.spec_worker.adaptive.hardware import (
 )
 from faser_sglang.spec_worker.policy import catchup_forwards
 
-FILE_FORMAT = 2
-# Format 1 files were fitted before catch-ups ran in pieces: a catch-up past the draft's
-# CUDA graphs was one eager EXTEND counted as one forward, so their catch-up terms carry
-# part of its cost. They still load, with a warning to re-profile.
+FILE_FORMAT = 3
+# Older formats still load, with a warning to re-profile (OLDER_FORMATS says why).
 OLDEST_FILE_FORMAT = 1
+OLDER_FORMATS = {
+    # Fitted before catch-ups ran in pieces: a catch-up past the draft's CUDA graphs was
+    # one eager EXTEND counted as one forward, so the catch-up terms carry part of its cost.
+    1: "predates draft catch-ups in decode-row pieces (its catch-up costs include eager EXTEND catch-ups)",
+    # Plain-decode term fitted freely, not tied to the verify: it can price plain decoding
+    # at high load far above the verify of the same batch (module docstring).
+    2: "has a plain-decode term fitted apart from the verify (it may overprice plain decoding at high load)",
+}
 # Verify-token counts where the verify slope may change (filtered to the profiled range).
 DEFAULT_KNOTS = (128, 256, 512, 1024, 2048, 4096)
 # Per-step trace fields a profiled sample needs (draft_seconds is optional).

@@ -20,6 +20,7 @@ from faser_sglang.spec_worker.adaptive.acceptance import AcceptanceWindows
 from faser_sglang.spec_worker.adaptive.allocator import CatchupPieces, allocate
 from faser_sglang.spec_worker.adaptive.cost_model import (
     FILE_FORMAT,
+    OLDER_FORMATS,
     CostKey,
     CostModel,
     analytical,
@@ -75,11 +76,11 @@ def load_cost_model(config: FaserConfig, deployment: Deployment) -> CostModel:
         entries, file_format = read_cost_entries(config.cost_model_path)
         model = entries.get(key)
         if model is not None:
-            if file_format < FILE_FORMAT:
+            for older in range(file_format, FILE_FORMAT):
                 logger.warning(
-                    "FASER adaptive: %s predates draft catch-ups in decode-row pieces; its catch-up "
-                    "costs include eager EXTEND catch-ups. Re-profile with scripts/profile_costs.py",
+                    "FASER adaptive: %s %s. Re-profile with scripts/profile_costs.py",
                     config.cost_model_path,
+                    OLDER_FORMATS[older],
                 )
             logger.info(
                 "FASER adaptive: profiled cost model from %s (held-out MAPE %.1f%%, %d steps)",
