@@ -40,7 +40,9 @@ def test_drafts_where_it_pays_and_not_under_load(script):
 
 
 def test_recovers_from_an_unlucky_start(script):
-    r = run(script, 4, bad_steps=100)
+    # The bad start's evidence ages out one entry per step without drafts, so drafting
+    # resumes within about a pool (512) of steps; the run is long enough to show it pays.
+    r = run(script, 4, bad_steps=100, steps=2000)
     assert r.late_drafts > 4 and r.speedup > 1.1
 
 
