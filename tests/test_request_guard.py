@@ -78,7 +78,7 @@ def test_cap_to_remaining():
     seq_lens = [3 + done - 1 for _, done in limits_done]
     # remaining 90 -> uncapped; 4 -> k <= 2; 2 -> k = 0; 1 -> k = 0; no limit -> uncapped
     assert remaining_tokens(reqs, seq_lens) == [90, 4, 2, 1, None]
-    assert cap_to_remaining([5, 5, 5, 5, 5], reqs, seq_lens) == [5, 2, 0, 0, 5]
+    assert cap_to_remaining([5, 5, 5, 5, 5], remaining_tokens(reqs, seq_lens)) == [5, 2, 0, 0, 5]
 
 
 def test_type_errors_in_sglang_checks_become_value_errors_on_faser_only():

@@ -172,14 +172,15 @@ class FaserWorker(BaseSpecWorker):
         seq_lens = batch.seq_lens_cpu.tolist()
         draft_kv_lens = state.draft_kv_lens(seq_lens)
         budget = self.verify_phase.chunks.token_budget()
+        remaining = remaining_tokens(batch.reqs, seq_lens)
         context = StepContext(
             tuple(seq_lens),
             tuple(draft_kv_lens),
             budget,
             self.draft_phase.chunks.row_limit() or None,
-            tuple(remaining_tokens(batch.reqs, seq_lens)),
+            tuple(remaining),
         )
-        lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), batch.reqs, seq_lens)
+        lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), remaining)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
         bonus = self.history.bonus(batch)  # [bs]
         if not any(lengths) and not batch.return_logprob:
@@ -348,7 +349,7 @@ class PendingStep:
         return self.copy.tolist()
 
 
-def cap_to_remaining(lengths: list[int], reqs, seq_lens: Sequence[int]) -> list[int]:
+def cap_to_remaining(lengths: list[int], remaining: Sequence[Optional[int]]) -> list[int]:
     """Cap each draft length so that a request only reaches max_new_tokens in a
     one-token step.
 
@@ -356,12 +357,9 @@ def cap_to_remaining(lengths: list[int], reqs, seq_lens: Sequence[int]) -> list[
     tokens, so a step that crossed the limit with a stop inside it would finish on
     length with the stop text kept, unlike plain decoding. A step emits at most k + 1
     tokens; with k <= remaining - 2 it stays short of the limit, and the last token
-    before the limit comes from a plain (k = 0) step.
+    before the limit comes from a plain (k = 0) step. ``remaining``: remaining_tokens.
     """
-    return [
-        k if left is None else min(k, max(0, left - 2))
-        for k, left in zip(lengths, remaining_tokens(reqs, seq_lens))
-    ]
+    return [k if left is None else min(k, max(0, left - 2)) for k, left in zip(lengths, remaining)]
 
 
 def remaining_tokens(reqs, seq_lens: Sequence[int]) -> list[Optional[int]]:
