@@ -104,11 +104,6 @@ class CatchupPieces:
         """[bs] 1 / h_i for a request with a backlog, 0 without one."""
         return np.where(self.total > self.steady, 1.0 / self.horizon, 0.0)
 
-    def share(self) -> np.ndarray:
-        """[bs] the forwards each request's catch-up fills, its backlog spread over its
-        own horizon (a ranking weight, not a price)."""
-        return (self.steady + (self.total - self.steady) / self.horizon) / self.piece_tokens
-
     def charged(self, steady: np.ndarray, total: np.ndarray, rate: np.ndarray) -> np.ndarray:
         """[n] forwards charged for catch-ups of ``steady`` / ``total`` tokens whose
         backlogs' largest ``backlog_rate`` is ``rate`` ([n] each)."""
@@ -168,9 +163,10 @@ def allocate(
     if pieces is not None:
         # Catch-up forwards are a step function of the drafting requests' tokens, which
         # no item order prices exactly: walk again with each catch-up ranked with its
-        # share of the piece forwards it fills, and keep the better point.
+        # share of the piece forwards it fills (its charged tokens over a piece's; a ranking
+        # weight, not a price), and keep the better point.
         with_pieces = priced.copy()
-        with_pieces[:, 0] += d.extend_forward * pieces.share()
+        with_pieces[:, 0] += d.extend_forward * np.asarray(catchup, np.float64) / pieces.piece_tokens
         best = walk.best(with_pieces, best)
     return best
 
