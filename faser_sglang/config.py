@@ -47,6 +47,11 @@ class FaserConfig:
     # Adaptive policy: weight of the pooled prior, in pseudo-observations per draft
     # position, > 0 (larger: slower to trust a request's own window).
     prior_strength: float = 2.0
+    # Adaptive policy: weight of prior_accept_rate in the pooled prior, in
+    # pseudo-observations per draft position, > 0 (larger: the pool needs more verifies
+    # to move away from it). Not smaller than a batch's worth of evidence, so that one
+    # unlucky first batch cannot switch drafting off until its verifies age out.
+    pool_prior_strength: float = 8.0
     # Adaptive policy: steps over which a catch-up backlog is charged, >= 1. A request
     # whose draft lags (a lazy prefill's prompt, tokens of plain-decode steps) pays its
     # backlog once and then drafts on; charging all of it to one step would keep such a
@@ -95,6 +100,9 @@ class FaserConfig:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"FASER config 'window' must be an integer >= 1, got {self.window!r}")
         _check_range("prior_strength", self.prior_strength, 0.0, math.inf, low_open=True, high_open=True)
+        _check_range(
+            "pool_prior_strength", self.pool_prior_strength, 0.0, math.inf, low_open=True, high_open=True
+        )
         if (
             isinstance(self.catchup_horizon, bool)
             or not isinstance(self.catchup_horizon, int)

@@ -1,14 +1,17 @@
 """Replay the Adaptive Drafter against a profiled cost model with synthetic acceptance.
 
     python scripts/simulate_policy.py --costs costs.json [--accept 0.61 0.54 0.64 0.55] \\
-        [--bad-accept 0.3 --bad-steps 100] [--batch-sizes 1 4 16 64] [--steps 3000] \\
+        [--accept-spread 0.13] [--bad-accept 0.3 --bad-steps 100] [--batch-sizes 1 4 16 64] [--steps 3000] \\
         [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16] \\
         [--catchup-piece-tokens 128] [--max-verify-tokens 128]
 
 No GPU and no server: the real policy object (acceptance windows, pooled prior,
 allocator) chooses every step's lengths; drafts are accepted at random with the given
-per-position conditional probabilities (the last one repeats), for the first
---bad-steps steps with --bad-accept instead (an unlucky start); each request decodes
+per-position conditional probabilities (the last one repeats), each request's
+shifted by its own offset drawn from N(0, --accept-spread) (requests differ: on
+HumanEval the 13.5B pair's per-request first-draft acceptance has a spread of 0.13
+beyond sampling noise, measured with STANDALONE k = 1), for the first --bad-steps
+steps with --bad-accept instead (an unlucky start); each request decodes
 --output-tokens tokens and is replaced by a new one at once, so the batch stays at
 the batch size. Draft KV follows the worker's rules: a request that drafts k catches
 up and feeds all but its last draft (its draft KV then covers min(L + k, the new
@@ -65,17 +68,20 @@ def simulate(
     output_tokens: int,
     eager_prefill: bool,
     seed: int,
+    accept_spread: float = 0.0,
     piece_tokens: Optional[int] = None,
     max_verify_tokens: Optional[int] = None,
 ) -> SimResult:
     rng = random.Random(seed)
     policy = AdaptiveDrafterPolicy(config, cost)
     live: dict[str, list[int]] = {}  # rid -> [committed tokens, draft KV tokens, tokens left]
+    offset: dict[str, float] = {}  # rid -> its shift of every acceptance probability
     next_id, drafting, late, tokens, seconds, plain_seconds = 0, 0, 0, 0, 0.0, 0.0
     for step in range(steps):
         while len(live) < batch_size:
             prompt = rng.randint(*prompt_tokens)
             live[f"r{next_id}"] = [prompt, prompt if eager_prefill else 0, output_tokens]
+            offset[f"r{next_id}"] = rng.gauss(0.0, accept_spread) if accept_spread else 0.0
             next_id += 1
         rids = list(live)
         seq_lens = tuple(live[r][0] for r in rids)
@@ -83,7 +89,7 @@ def simulate(
         context = StepContext(seq_lens, tuple(live[r][1] for r in rids), max_verify_tokens, piece_tokens, remaining)
         lengths = policy.choose(rids, k_max, context)
         probs = bad_accept if step < bad_steps else accept
-        accepted = [_accepted(rng, k, probs) for k in lengths]
+        accepted = [_accepted(rng, k, probs, offset[r]) for r, k in zip(rids, lengths)]
         policy.observe(rids, lengths, accepted)
         seconds += cost.step_time(lengths, seq_lens, context.catchup_tokens(), piece_tokens)
         plain_seconds += cost.no_draft_time(seq_lens)
@@ -100,7 +106,7 @@ def simulate(
             state[2] -= a + 1
             if state[2] <= 0:
                 policy.forget(rid)
-                del live[rid]
+                del live[rid], offset[rid]
     return SimResult(
         batch_size=batch_size,
         drafting_steps=drafting / steps,
@@ -109,10 +115,11 @@ def simulate(
     )
 
 
-def _accepted(rng: random.Random, k: int, probs: Sequence[float]) -> int:
-    """Accepted prefix of k drafts: draft j survives with probs[min(j, last)]."""
+def _accepted(rng: random.Random, k: int, probs: Sequence[float], offset: float = 0.0) -> int:
+    """Accepted prefix of k drafts: draft j survives with probs[min(j, last)] + offset,
+    kept within [0.02, 0.98]."""
     for j in range(k):
-        if rng.random() >= probs[min(j, len(probs) - 1)]:
+        if rng.random() >= min(max(probs[min(j, len(probs) - 1)] + offset, 0.02), 0.98):
             return j
     return k
 
@@ -122,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--costs", type=Path, required=True, help="cost file from scripts/profile_costs.py")
     p.add_argument("--key", type=int, default=0, help="which entry of the cost file (default: the first)")
     p.add_argument("--accept", type=float, nargs="+", default=[0.61, 0.54, 0.64, 0.55])
+    p.add_argument("--accept-spread", type=float, default=0.0, help="sd of each request's acceptance shift")
     p.add_argument("--bad-accept", type=float, nargs="+", default=[0.3])
     p.add_argument("--bad-steps", type=int, default=0)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
@@ -147,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             cost, config, bs, accept=args.accept, bad_accept=args.bad_accept, bad_steps=args.bad_steps,
             steps=args.steps, k_max=args.k_max, prompt_tokens=tuple(args.prompt_tokens),
             output_tokens=args.output_tokens, eager_prefill=args.eager_prefill, seed=args.seed,
+            accept_spread=args.accept_spread,
             piece_tokens=args.catchup_piece_tokens or None, max_verify_tokens=args.max_verify_tokens or None,
         )  # fmt: skip
         print(f"| {r.batch_size} | {r.drafting_steps:.1%} | {r.late_drafts:.2f} | {r.speedup:.3f}x |")

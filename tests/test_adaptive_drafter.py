@@ -98,8 +98,11 @@ def run_allocate(gains, model, seq_len=500, catchup=1, max_drafts=None):
 # --- acceptance windows ----------------------------------------------------------
 
 
-def windows(window=8, strength=1e-6, base=0.5, pool=1024) -> AcceptanceWindows:
-    return AcceptanceWindows(window=window, positions=8, base_rate=base, prior_strength=strength, pool_size=pool)
+def windows(window=8, strength=1e-6, base=0.5, pool=1024, pool_strength=None) -> AcceptanceWindows:
+    return AcceptanceWindows(
+        window=window, positions=8, base_rate=base, prior_strength=strength,
+        pool_prior_strength=strength if pool_strength is None else pool_strength, pool_size=pool,
+    )  # fmt: skip
 
 
 def test_prefix_semantics():
@@ -147,6 +150,15 @@ def test_prior_comes_from_recent_requests_and_survives_forget():
     assert w.alphas(["new"], 1)[0, 0] > 0.9
 
 
+def test_pool_and_requests_weigh_their_priors_apart():
+    w = windows(strength=2.0, base=0.7, pool_strength=8.0)
+    w.observe(["a", "b", "c", "d"], [4] * 4, [0, 1, 0, 0])  # position 0: 1 success in 4 trials
+    pooled = (1 + 8 * 0.7) / (4 + 8)
+    assert w.pooled_alphas()[0] == pytest.approx(pooled)
+    assert w.alphas(["a"], 1)[0, 0] == pytest.approx(2 * pooled / 3)  # own: 0 of 1, weight 2
+    assert w.alphas(["new"], 1)[0, 0] == pytest.approx(pooled)
+
+
 def test_pool_evidence_ages_out_when_nobody_drafts():
     w = windows(strength=2.0, base=0.7, pool=16)
     for i in range(8):
@@ -163,7 +175,9 @@ def test_pool_evidence_ages_out_when_nobody_drafts():
 
 
 def test_many_requests_reuse_and_grow_slots():
-    w = AcceptanceWindows(window=4, positions=8, base_rate=0.5, prior_strength=1e-6, initial_capacity=2)
+    w = AcceptanceWindows(
+        window=4, positions=8, base_rate=0.5, prior_strength=1e-6, pool_prior_strength=1e-6, initial_capacity=2
+    )
     rids = [f"r{i}" for i in range(10)]
     w.observe(rids, [3] * 10, [i % 4 for i in range(10)])
     a = w.alphas(rids, 3)
@@ -395,8 +409,9 @@ def test_drafting_must_beat_the_plain_decode_it_replaces():
 
 
 def test_bound_skips_the_walk_only_when_no_draft_can_pay(monkeypatch):
-    """The early exit (every gain over the fastest drafted step) returns the plain decode
-    exactly when the full walk would; near the bound the walk still runs and drafts."""
+    """The early exit (the n largest gains over the fastest step with n drafts, for
+    every n) returns the plain decode exactly when the full walk would; near the bound
+    the walk still runs and drafts."""
     import faser_sglang.spec_worker.adaptive.allocator as alloc
 
     model = replace(cost(verify_fixed=10e-3, forward=1e-3), plain=PlainCost(6e-3, 0.0, 0.0))
@@ -407,6 +422,15 @@ def test_bound_skips_the_walk_only_when_no_draft_can_pay(monkeypatch):
     assert low.draft_lens == (0,) * 64 and not walked
     high = run_allocate(constant_gains([0.95] * 64, 4), model)
     assert sum(high.draft_lens) > 0 and walked
+    # Under load each verify token costs more than its gain is worth (0.9 tokens for
+    # 200 us against 64 tokens per 6 ms plain step, 94 us a token): no draft pays, though
+    # every gain at the price of a single verify token would (64 + 207 tokens / 11.2 ms).
+    walked.clear()
+    dear = replace(cost(verify_fixed=10e-3, verify_token=200e-6, forward=1e-3), plain=PlainCost(6e-3, 0.0, 0.0))
+    under_load = run_allocate(constant_gains([0.9] * 64, 4), dear)
+    assert under_load.draft_lens == (0,) * 64 and not walked
+    monkeypatch.setattr(alloc.np, "max", lambda *a, **k: np.inf)  # the bound never fires
+    assert run_allocate(constant_gains([0.9] * 64, 4), dear).draft_lens == (0,) * 64 and walked
 
 
 def test_respects_the_verify_token_cap():
@@ -754,6 +778,7 @@ def test_random_policy_covers_lengths_reproducibly():
         ({"window": 0}, "window"),
         ({"window": 2.5}, "window"),
         ({"prior_strength": 0}, "prior_strength"),
+        ({"pool_prior_strength": -1.0}, "pool_prior_strength"),
         ({"catchup_horizon": 0}, "catchup_horizon"),
         ({"catchup_horizon": 1.5}, "catchup_horizon"),
         ({"cost_model_path": 3}, "cost_model_path"),

@@ -25,11 +25,11 @@ def script():
     return module
 
 
-def run(script, batch_size, **overrides):
+def run(script, batch_size, config=FaserConfig(policy="adaptive"), **overrides):
     args = dict(accept=GOOD, bad_accept=[0.3], bad_steps=0, steps=1200, k_max=7, prompt_tokens=(100, 400),
                 output_tokens=256, eager_prefill=False, seed=0)  # fmt: skip
     args.update(overrides)
-    return script.simulate(H200_14B, FaserConfig(policy="adaptive"), batch_size, **args)
+    return script.simulate(H200_14B, config, batch_size, **args)
 
 
 def test_drafts_where_it_pays_and_not_under_load(script):
@@ -44,6 +44,22 @@ def test_recovers_from_an_unlucky_start(script):
     # resumes within about a pool (512) of steps; the run is long enough to show it pays.
     r = run(script, 4, bad_steps=100, steps=2000)
     assert r.late_drafts > 4 and r.speedup > 1.1
+
+
+def test_one_rejected_first_batch_does_not_switch_drafting_off(script):
+    # Every draft of the first step is rejected, then acceptance is good. The pooled
+    # prior's own weight (pool_prior_strength, a batch's worth of verifies) keeps those
+    # four verifies from pricing drafting out for everyone.
+    runs = [run(script, 4, bad_steps=1, bad_accept=[0.0], seed=seed) for seed in range(4)]
+    assert all(r.late_drafts > 4 and r.speedup > 1.15 for r in runs)
+    # Also when requests differ (each request's acceptance shifted by N(0, 0.13), the
+    # spread measured on HumanEval).
+    runs = [run(script, 4, bad_steps=1, bad_accept=[0.0], seed=seed, accept_spread=0.13) for seed in range(4)]
+    assert all(r.late_drafts > 4 and r.speedup > 1.1 for r in runs)
+    # Weighed like a request's own window (2), the same start kept drafting (nearly) off
+    # in one run of the four until the four verifies aged out of the pool.
+    weak = FaserConfig(policy="adaptive", pool_prior_strength=2.0)
+    assert min(run(script, 4, weak, bad_steps=1, bad_accept=[0.0], seed=seed).late_drafts for seed in range(4)) < 1
 
 
 def test_probes_cost_little_when_drafting_never_pays(script):

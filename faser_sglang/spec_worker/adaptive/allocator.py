@@ -46,10 +46,9 @@ rate of any point it joined, so the walks leave such items out (the premises are
 ``_Walk.best``): at high load most.
 All of it is a sort of bs * K_max items and a few vectorised passes: on a 2-core CPU
 ~0.1-0.3 ms for bs <= 64 and ~1.1 ms at bs = 256 with K_max = 8 (tests print the
-timings). Before
-any of it, a bound (every gain taken, at the price of the fastest drafted step: one
-verify token and one draft forward) returns the plain decode when no draft can pay,
-which at high load is most steps.
+timings). Before any of it, a bound returns the plain decode when no draft can pay,
+which at high load is most steps: for every n, the n largest gains at the price of
+the fastest step with n drafts (a verify of bs + n tokens and one draft forward).
 
 Worked example, two requests, K_max = 2, costs in ms: verify 10 + 2 per token
 beyond 2 tokens (compute-bound past bs), one draft forward 1, no per-row draft
@@ -141,14 +140,16 @@ def allocate(
     no_draft = Allocation((0,) * bs, float(bs), cost.no_draft_time(seq_lens))
     if bs == 0 or k_max == 0 or max_drafts == 0:
         return no_draft
-    # Any step with a draft emits at most every gain and takes at least one verify token
-    # and one draft forward (costs are non-negative): when even that does not beat the
-    # plain decode, nothing does. This is the regime of high load, where it saves the walk.
     context = float(seq_lens.sum())
-    fastest_draft = cost.verify.time(bs, bs + 1, context) + d.extend_forward
-    if (bs + float(gains.sum())) / fastest_draft <= no_draft.tokens_per_second:
-        return no_draft
     verify = cost.verify.time(bs, bs + np.arange(bs * k_max + 1), context)  # [M+1]
+    # A step with n drafts emits at most bs + the n largest gains and takes at least the
+    # verify of bs + n tokens and one draft forward (costs are non-negative): when no n
+    # beats the plain decode that way, nothing does. This is the regime of high load
+    # (a verify token dearer than its gain is worth), where it saves the walks.
+    most = bs * k_max if max_drafts is None else min(max_drafts, bs * k_max)
+    top = np.cumsum(np.sort(gains, axis=None)[::-1][:most])  # [n] sum of the n largest gains
+    if np.max((bs + top) / (verify[1 : most + 1] + d.extend_forward)) <= no_draft.tokens_per_second:
+        return no_draft
 
     own = np.empty((bs, k_max))  # [bs, K] item's own draft cost c[i, j]
     own[:] = (d.row_step + d.context_row_step * seq_lens)[:, None]

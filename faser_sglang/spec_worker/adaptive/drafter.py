@@ -121,6 +121,7 @@ class AdaptiveDrafterPolicy:
             positions=MAX_DRAFT_LEN,
             base_rate=config.prior_accept_rate,
             prior_strength=config.prior_strength,
+            pool_prior_strength=config.pool_prior_strength,
         )
 
     def choose(self, rids: Sequence[str], k_max: int, context: Optional[StepContext] = None) -> list[int]:
