@@ -21,7 +21,8 @@ runs as one draft forward per --catchup-piece-tokens tokens (the draft's largest
 decode CUDA graph, --cuda-graph-max-bs; 0: always one forward), at most
 MAX_CATCHUP_PIECES, as the worker runs it, and a step's verify tokens stay within
 --max-verify-tokens (the target's largest decode CUDA graph; 0: no cap), as the
-worker asks of the allocator.
+worker asks of the allocator; near the end of its answer a request drafts at most
+its tokens left less 2 (policy.draft_caps), as the worker caps it.
 
 For each batch size it prints the share of steps in which anyone drafted, the mean
 drafts per step over the last quarter of the run, and the cost model's throughput of
@@ -43,7 +44,7 @@ from tqdm import tqdm
 
 from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.adaptive import AdaptiveDrafterPolicy, CostModel, read_cost_entries
-from faser_sglang.spec_worker.policy import StepContext
+from faser_sglang.spec_worker.policy import StepContext, draft_caps
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ def simulate(
         seq_lens = tuple(live[r][0] for r in rids)
         remaining = tuple(live[r][2] - 1 for r in rids)  # besides the bonus token
         context = StepContext(seq_lens, tuple(live[r][1] for r in rids), max_verify_tokens, piece_tokens, remaining)
-        lengths = policy.choose(rids, k_max, context)
+        # Capped near max_new_tokens as the worker caps them (worker.cap_to_remaining).
+        lengths = [min(k, cap) for k, cap in zip(policy.choose(rids, k_max, context), draft_caps(remaining, k_max))]
         probs = bad_accept if step < bad_steps else accept
         accepted = [_accepted(rng, k, probs, offset[r]) for r, k in zip(rids, lengths)]
         policy.observe(rids, lengths, accepted)

@@ -46,6 +46,7 @@ from faser_sglang.spec_worker.policy import (
     FixedLengthPolicy,
     RandomLengthPolicy,
     StepContext,
+    draft_caps,
     make_policy,
 )
 
@@ -261,8 +262,9 @@ def test_joint_fit_without_draft_seconds_still_predicts():
 
 # A plain decode: the verify's forward at N = bs, 5 ms cheaper (no verify path).
 PLAIN_KNOWN = PlainCost(
-    fixed=KNOWN.verify.fixed - 5e-3, row=KNOWN.verify.row + KNOWN.verify.token, context_token=KNOWN.verify.context_token
-)
+    fixed=KNOWN.verify.fixed - 5e-3, row=KNOWN.verify.row + KNOWN.verify.token,
+    context_token=KNOWN.verify.context_token, knots=KNOWN.verify.knots, knot_slopes=KNOWN.verify.knot_slopes,
+)  # fmt: skip
 
 
 def test_fit_gives_steps_without_drafts_their_own_term():
@@ -331,7 +333,7 @@ def test_plain_term_extrapolates_past_a_profile_whose_contexts_grow_with_the_bat
     request, 1-64 requests), so their per-request and per-context prices cannot be told
     apart. The fit takes them from the verify (the same forward at N = bs), so a plain
     step of 128 requests of 1000 tokens is priced right, and stays below the verify of
-    the same batch."""
+    the same batch; so is one of 600 requests, past the verify's knot at 512 tokens."""
     known = replace(KNOWN, plain=PLAIN_KNOWN)
     rng = np.random.default_rng(9)
     samples = [s for s in synthetic_steps(known, 400, seed=9, noise=0.0, with_draft_seconds=True) if any(s.draft_lens)]
@@ -344,6 +346,13 @@ def test_plain_term_extrapolates_past_a_profile_whose_contexts_grow_with_the_bat
     seq = (1000,) * 128
     assert model.no_draft_time(seq) == pytest.approx(known.no_draft_time(seq), rel=0.03)
     assert model.no_draft_time(seq) < model.verify.time(128, 128, 128_000)
+    seq = (1000,) * 600
+    assert model.no_draft_time(seq) == pytest.approx(known.no_draft_time(seq), rel=0.03)
+    assert model.no_draft_time(seq) < model.verify.time(600, 600, 600_000)
+    written = model.to_dict()
+    assert CostModel.from_dict(written) == model
+    del written["plain"]["knots"], written["plain"]["knot_slopes"]  # written before the plain knots
+    assert CostModel.from_dict(written).plain.knots == ()
 
 
 def test_analytical_roofline():
@@ -680,6 +689,28 @@ def test_horizon_is_shortened_by_the_tokens_a_request_has_left():
     np.testing.assert_allclose(policy.horizons(StepContext((300,), (0,)), gains[:1]), [64])
     with pytest.raises(ValueError, match="remaining_tokens"):
         StepContext((1, 2), (1, 2), remaining_tokens=(5,))
+
+
+def test_drafts_cut_near_max_new_tokens_are_not_priced():
+    """Request a drafts well but has 2 tokens left, so the worker cuts its drafts
+    (worker.cap_to_remaining); request b's mediocre drafts pay only alongside a's, whose
+    draft forwards they share. Priced with a's cut, b does not draft; priced without it
+    and cut afterwards, b would draft alone, at a lower rate than not drafting."""
+    policy = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive"), H200_14B)
+    for i in range(16):
+        policy.observe(["a", "b"], [1, 1], [1, 1 if i < 7 else 0])  # b: alpha_0 about 0.47
+    seq, remaining = (300, 300), (2, None)
+    uncapped = policy.choose(["a", "b"], 6, StepContext(seq, seq))
+    cut_after = [min(k, cap) for k, cap in zip(uncapped, draft_caps(remaining, 6))]
+    priced = policy.choose(["a", "b"], 6, StepContext(seq, seq, remaining_tokens=remaining))
+    assert cut_after[0] == 0 and cut_after[1] > 0 and priced == [0, 0]
+
+    def rate(lens):
+        tokens = 2 + sum(policy.acceptance.expected_accepted(r, k) for r, k in zip("ab", lens))
+        return tokens / H200_14B.step_time(lens, seq, (1, 1))
+
+    assert rate(priced) > rate(cut_after)
+    assert draft_caps([90, 4, 2, None], 5) == [5, 2, 0, 5]
 
 
 def test_a_lazy_request_drafts_despite_its_prompt_backlog():

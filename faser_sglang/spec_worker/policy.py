@@ -84,6 +84,17 @@ def catchup_forwards(tokens: Any, piece_tokens: Optional[int]) -> np.ndarray:
     return np.clip(np.ceil(tokens / piece_tokens), 1, MAX_CATCHUP_PIECES)
 
 
+def draft_caps(remaining: Sequence[Optional[int]], k_max: int) -> list[int]:
+    """[bs] most drafts each request may take this step: ``k_max``, or fewer near its
+    max_new_tokens (``remaining``: tokens it may still emit besides its bonus token,
+    None: no limit). A step emits at most k + 1 tokens, so with k <= remaining - 2 the
+    request reaches its limit only in a one-token step (worker.cap_to_remaining says why
+    that matters).
+
+    remaining [90, 4, 2, None], k_max 5 -> [5, 2, 0, 5]."""
+    return [k_max if left is None else min(k_max, max(0, left - 2)) for left in remaining]
+
+
 def draft_room(batch_size: int, max_verify_tokens: Optional[int]) -> Optional[int]:
     """Drafts (sum of k_i) a step may take so its verify tokens (sum of k_i + 1) stay
     within ``max_verify_tokens``; None when there is no cap or the batch alone exceeds

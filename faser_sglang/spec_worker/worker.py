@@ -48,7 +48,7 @@ from faser_sglang.spec_worker.adaptive import deployment_from_runners
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft import DraftPhase
 from faser_sglang.spec_worker.draft_model import DraftModel
-from faser_sglang.spec_worker.policy import StepContext, draft_room, make_policy
+from faser_sglang.spec_worker.policy import StepContext, draft_caps, draft_room, make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.token_history import TokenHistory
@@ -357,9 +357,10 @@ def cap_to_remaining(lengths: list[int], remaining: Sequence[Optional[int]]) -> 
     tokens, so a step that crossed the limit with a stop inside it would finish on
     length with the stop text kept, unlike plain decoding. A step emits at most k + 1
     tokens; with k <= remaining - 2 it stays short of the limit, and the last token
-    before the limit comes from a plain (k = 0) step. ``remaining``: remaining_tokens.
+    before the limit comes from a plain (k = 0) step (policy.draft_caps, which the
+    adaptive policy prices with). ``remaining``: remaining_tokens.
     """
-    return [k if left is None else min(k, max(0, left - 2)) for k, left in zip(lengths, remaining)]
+    return [min(k, cap) for k, cap in zip(lengths, draft_caps(remaining, max(lengths, default=0)))]
 
 
 def remaining_tokens(reqs, seq_lens: Sequence[int]) -> list[Optional[int]]:

@@ -30,18 +30,20 @@ through SGLang's own model worker (``VerifyPhase.plain_decode``), which costs le
 than the verify path at N = bs (no ragged layout, no acceptance). When the profile
 holds such steps it has its own term,
 
-    plain_time  = fixed + bs * row + C * context_token       (all k_i = 0)
+    plain_time  = fixed + bs * row + C * context_token
+                  + sum_b slope_b * max(0, bs - knot_b)          (all k_i = 0)
 
 so the first draft of a step is priced against the decode it replaces, not against
 a zero-length verify; without it (older cost files, the analytical estimate) an
 all-zero step is priced as a verify with N = bs. A plain decode of bs requests is
 the target forward a verify of N = bs tokens runs, less the verify path's own work,
-so ``fit`` takes its row and context prices from the verify (row + token, and
-context_token) and fits only its fixed term. Fitted freely, the three would not be
-identified: a profile's plain steps have contexts that grow with the batch, and on
-the 13.5B pair's H200 profile the free fit put the batch's cost on the context
-(0.26 us per token), which predicted 26 ms for a plain step of 128 requests of 500
-tokens, twice the verify of the same batch, so drafting looked free at high load.
+so ``fit`` takes its row, context and knot prices from the verify (row + token,
+context_token, the knots at N = bs) and fits only its fixed term. Fitted freely, the
+row and context prices would not be identified: a profile's plain steps have contexts
+that grow with the batch, and on the 13.5B pair's H200 profile the free fit put the
+batch's cost on the context (0.26 us per token), which predicted 26 ms for a plain
+step of 128 requests of 500 tokens, twice the verify of the same batch, so drafting
+looked free at high load.
 In those profiles verify(N = bs) - plain is flat in bs (1.26-1.35 ms at 1-64
 requests; 1.75-2.05 ms in another), which is what the tie assumes.
 
@@ -130,14 +132,18 @@ class VerifyCost:
 
 @dataclass(frozen=True)
 class PlainCost:
-    """Seconds per unit of each feature of a step in which nobody drafts (plain decode)."""
+    """Seconds per unit of each feature of a step in which nobody drafts (plain decode);
+    knot_slopes[b] applies per request past knots[b] (the verify's, at N = bs)."""
 
     fixed: float
     row: float
     context_token: float
+    knots: tuple[float, ...] = ()
+    knot_slopes: tuple[float, ...] = ()
 
     def time(self, batch_size: int, context: float) -> float:
-        return self.fixed + self.row * batch_size + self.context_token * context
+        t = self.fixed + self.row * batch_size + self.context_token * context
+        return t + sum(slope * max(batch_size - knot, 0.0) for knot, slope in zip(self.knots, self.knot_slopes))
 
 
 @dataclass(frozen=True)
@@ -189,6 +195,10 @@ class CostModel:
         verify["knots"] = tuple(verify.get("knots", ()))
         verify["knot_slopes"] = tuple(verify.get("knot_slopes", ()))
         plain = data.get("plain")
+        if plain is not None:  # a plain term written without knots has none
+            plain = dict(plain)
+            plain["knots"] = tuple(plain.get("knots", ()))
+            plain["knot_slopes"] = tuple(plain.get("knot_slopes", ()))
         return cls(
             draft=DraftCost(**data["draft"]),
             verify=VerifyCost(**verify),
@@ -304,13 +314,12 @@ def _catchup_total(draft_lens: Sequence[int], catchup: Sequence[int]) -> float:
 def _fit_plain(seq_lens: Sequence[Sequence[int]], seconds: np.ndarray, verify: VerifyCost) -> PlainCost:
     """The plain term from steps without drafts ([p] ``seq_lens``, ``seconds``): row and
     context prices of the verify at N = bs (the module docstring says why), and the
-    fixed term minimising the relative error, sum_i ((fixed + a_i - t_i) / t_i)^2. The
-    term is linear: a batch past the verify's first knot is priced without its slopes."""
-    row, context = verify.row + verify.token, verify.context_token
-    slopes = np.array([row * len(s) + context * sum(s) for s in seq_lens])  # [p] a_i
+    fixed term minimising the relative error, sum_i ((fixed + a_i - t_i) / t_i)^2."""
+    tied = PlainCost(0.0, verify.row + verify.token, verify.context_token, verify.knots, verify.knot_slopes)
+    slopes = np.array([tied.time(len(s), float(sum(s))) for s in seq_lens])  # [p] a_i
     weight = seconds**-2.0
     fixed = float(np.sum(weight * (seconds - slopes)) / np.sum(weight))
-    return PlainCost(max(fixed, 0.0), row, context)
+    return replace(tied, fixed=max(fixed, 0.0))
 
 
 def _draft_features(
