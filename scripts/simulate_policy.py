@@ -10,8 +10,8 @@ allocator) chooses every step's lengths; drafts are accepted at random with the 
 per-position conditional probabilities (the last one repeats), each request's
 shifted by its own offset drawn from N(0, --accept-spread) (requests differ: on
 HumanEval the 13.5B pair's per-request first-draft acceptance has a spread of 0.13
-beyond sampling noise, measured with STANDALONE k = 1), for the first --bad-steps
-steps with --bad-accept instead (an unlucky start); each request decodes
+beyond sampling noise, measured with STANDALONE k = 1), and for the first
+--bad-steps steps --bad-accept instead, unshifted (an unlucky start); each request decodes
 --output-tokens tokens and is replaced by a new one at once, so the batch stays at
 the batch size. Draft KV follows the worker's rules: a request that drafts k catches
 up and feeds all but its last draft (its draft KV then covers min(L + k, the new
@@ -91,7 +91,8 @@ def simulate(
         # Capped near max_new_tokens as the worker caps them (worker.cap_to_remaining).
         lengths = [min(k, cap) for k, cap in zip(policy.choose(rids, k_max, context), draft_caps(remaining, k_max))]
         probs = bad_accept if step < bad_steps else accept
-        accepted = [_accepted(rng, k, probs, offset[r]) for r, k in zip(rids, lengths)]
+        shift = offset if step >= bad_steps else {}  # the bad start is the same for everyone
+        accepted = [_accepted(rng, k, probs, shift.get(r, 0.0)) for r, k in zip(rids, lengths)]
         policy.observe(rids, lengths, accepted)
         seconds += cost.step_time(lengths, seq_lens, context.catchup_tokens(), piece_tokens)
         plain_seconds += cost.no_draft_time(seq_lens)
@@ -119,9 +120,9 @@ def simulate(
 
 def _accepted(rng: random.Random, k: int, probs: Sequence[float], offset: float = 0.0) -> int:
     """Accepted prefix of k drafts: draft j survives with probs[min(j, last)] + offset,
-    kept within [0.02, 0.98]."""
+    kept within [0, 1]."""
     for j in range(k):
-        if rng.random() >= min(max(probs[min(j, len(probs) - 1)] + offset, 0.02), 0.98):
+        if rng.random() >= min(max(probs[min(j, len(probs) - 1)] + offset, 0.0), 1.0):
             return j
     return k
 

@@ -138,17 +138,11 @@ def allocate(
     seq_lens = np.asarray(seq_lens, np.float64)
     d = cost.draft
     no_draft = Allocation((0,) * bs, float(bs), cost.no_draft_time(seq_lens))
-    if bs == 0 or k_max == 0 or max_drafts == 0:
+    if bs == 0 or k_max == 0 or (max_drafts is not None and max_drafts <= 0):
         return no_draft
     context = float(seq_lens.sum())
     verify = cost.verify.time(bs, bs + np.arange(bs * k_max + 1), context)  # [M+1]
-    # A step with n drafts emits at most bs + the n largest gains and takes at least the
-    # verify of bs + n tokens and one draft forward (costs are non-negative): when no n
-    # beats the plain decode that way, nothing does. This is the regime of high load
-    # (a verify token dearer than its gain is worth), where it saves the walks.
-    most = bs * k_max if max_drafts is None else min(max_drafts, bs * k_max)
-    top = np.cumsum(np.sort(gains, axis=None)[::-1][:most])  # [n] sum of the n largest gains
-    if np.max((bs + top) / (verify[1 : most + 1] + d.extend_forward)) <= no_draft.tokens_per_second:
+    if not _any_draft_can_pay(gains, verify, d.extend_forward, max_drafts, no_draft.tokens_per_second):
         return no_draft
 
     own = np.empty((bs, k_max))  # [bs, K] item's own draft cost c[i, j]
@@ -237,6 +231,23 @@ class _Walk:
         taken = order[: last + 1][within[row, : last + 1]] % bs  # item id j * bs + i -> request i
         lens = np.bincount(taken, minlength=bs)
         return Allocation(tuple(int(k) for k in lens), float(tokens[row, last]), float(seconds[row, last]))
+
+
+def _any_draft_can_pay(
+    gains: np.ndarray,  # [bs, K]
+    verify: np.ndarray,  # [M+1] verify seconds with 0..M drafts
+    first_forward: float,
+    max_drafts: Optional[int],
+    plain_rate: float,
+) -> bool:
+    """False when no allocation can beat the plain decode's ``plain_rate``: a step with n
+    drafts emits at most bs + the n largest gains and takes at least the verify of
+    bs + n tokens and one draft forward (costs are non-negative). This is the regime of
+    high load (a verify token dearer than its gain is worth), where it saves the walks."""
+    bs = gains.shape[0]
+    most = gains.size if max_drafts is None else min(max_drafts, gains.size)
+    top = np.cumsum(np.sort(gains, axis=None)[::-1][:most])  # [n] sum of the n largest gains
+    return bool(np.max((bs + top) / (verify[1 : most + 1] + first_forward)) > plain_rate)
 
 
 def _ranking_key(gains: np.ndarray, priced: np.ndarray) -> np.ndarray:

@@ -138,12 +138,13 @@ class AdaptiveDrafterPolicy:
             return []
         catchup = np.asarray(context.catchup_tokens(), np.float64)  # [bs]
         gains = self.acceptance.gains(rids, k_max)  # [bs, k_max]
+        # Uncapped gains: the fewest steps a request can still live (its last ones plain).
+        horizon = self.horizons(context, gains)  # [bs]
         if context.remaining_tokens is not None:
             # Drafts the worker would cut near max_new_tokens gain nothing: priced as
             # such, they do not draw a draft forward that only the cut request needed.
             caps = np.asarray(draft_caps(context.remaining_tokens, k_max))  # [bs]
             gains = np.where(np.arange(k_max)[None, :] < caps[:, None], gains, 0.0)
-        horizon = self.horizons(context, gains)  # [bs]
         pieces = None  # all catch-ups together fit one forward: no piece to price
         if context.catchup_piece_tokens is not None and catchup.sum() > context.catchup_piece_tokens:
             pieces = CatchupPieces(catchup, context.catchup_piece_tokens, horizon)
