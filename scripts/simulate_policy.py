@@ -3,7 +3,7 @@
     python scripts/simulate_policy.py --costs costs.json [--accept 0.61 0.54 0.64 0.55] \\
         [--accept-spread 0.13] [--bad-accept 0.3 --bad-steps 100] [--batch-sizes 1 4 16 64] [--steps 3000] \\
         [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16] \\
-        [--catchup-piece-tokens 128] [--max-verify-tokens 128]
+        [--catchup-piece-tokens 128] [--max-verify-tokens 128] [--fixed-lengths 1 3 5]
 
 No GPU and no server: the real policy object (acceptance windows, pooled prior,
 allocator) chooses every step's lengths; drafts are accepted at random with the given
@@ -27,9 +27,13 @@ its tokens left less 2 (policy.draft_caps), as the worker caps it.
 For each batch size it prints the share of steps in which anyone drafted, the mean
 drafts per step over the last quarter of the run, and the cost model's throughput of
 the chosen lengths (emitted tokens over the predicted time of every step, catch-ups
-charged in full) against plain decoding at the same batch size. What it shows is the
-policy's behaviour under the cost model (does it draft where drafting pays, recover
-from a bad start, stay off where it does not pay), not a measured speed.
+charged in full) against plain decoding at the same batch size. Beside it, the best of
+--fixed-lengths: the same run (same seed, so the same requests and acceptance draws)
+with every request drafting that one length every step, as FASER's fixed policy does,
+and the adaptive policy's throughput against it; the A/B's bar "1.2x the best fixed
+length" read at one batch size. What it shows is the policy's behaviour under the cost
+model (does it draft where drafting pays, recover from a bad start, stay off where it
+does not pay, how far it can beat a fixed length at a load), not a measured speed.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import random
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -72,9 +77,10 @@ def simulate(
     accept_spread: float = 0.0,
     piece_tokens: Optional[int] = None,
     max_verify_tokens: Optional[int] = None,
+    fixed_length: Optional[int] = None,  # every request drafts this instead of the adaptive choice
 ) -> SimResult:
     rng = random.Random(seed)
-    policy = AdaptiveDrafterPolicy(config, cost)
+    policy = AdaptiveDrafterPolicy(config, cost) if fixed_length is None else None
     live: dict[str, list[int]] = {}  # rid -> [committed tokens, draft KV tokens, tokens left]
     offset: dict[str, float] = {}  # rid -> its shift of every acceptance probability
     next_id, drafting, late, tokens, seconds, plain_seconds = 0, 0, 0, 0, 0.0, 0.0
@@ -89,11 +95,13 @@ def simulate(
         remaining = tuple(live[r][2] - 1 for r in rids)  # besides the bonus token
         context = StepContext(seq_lens, tuple(live[r][1] for r in rids), max_verify_tokens, piece_tokens, remaining)
         # Capped near max_new_tokens as the worker caps them (worker.cap_to_remaining).
-        lengths = [min(k, cap) for k, cap in zip(policy.choose(rids, k_max, context), draft_caps(remaining, k_max))]
+        chosen = policy.choose(rids, k_max, context) if policy else [fixed_length] * len(rids)
+        lengths = [min(k, cap) for k, cap in zip(chosen, draft_caps(remaining, k_max))]
         probs = bad_accept if step < bad_steps else accept
         shift = offset if step >= bad_steps else {}  # the bad start is the same for everyone
         accepted = [_accepted(rng, k, probs, shift.get(r, 0.0)) for r, k in zip(rids, lengths)]
-        policy.observe(rids, lengths, accepted)
+        if policy:
+            policy.observe(rids, lengths, accepted)
         seconds += cost.step_time(lengths, seq_lens, context.catchup_tokens(), piece_tokens)
         plain_seconds += cost.no_draft_time(seq_lens)
         tokens += sum(accepted) + len(rids)
@@ -108,7 +116,8 @@ def simulate(
             state[0] += a + 1
             state[2] -= a + 1
             if state[2] <= 0:
-                policy.forget(rid)
+                if policy:
+                    policy.forget(rid)
                 del live[rid], offset[rid]
     return SimResult(
         batch_size=batch_size,
@@ -145,23 +154,33 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--catchup-piece-tokens", type=int, default=128, help="0: a catch-up is one forward")
     p.add_argument("--max-verify-tokens", type=int, default=128, help="0: no cap")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fixed-lengths", type=int, nargs="*", default=[1, 3, 5], help="fixed lengths to compare against")
     args = p.parse_args(argv)
 
     entries = list(read_cost_entries(args.costs)[0].items())
     key, cost = entries[args.key]
     config = FaserConfig(policy="adaptive", catchup_horizon=args.catchup_horizon)
     print(f"cost model: {key}")
-    print("| batch size | steps with drafts | drafts per step (last quarter) | modelled speed-up vs plain |")
-    print("|---|---|---|---|")
+    fixed = [k for k in args.fixed_lengths if k > 0]
+    print(
+        "| batch size | steps with drafts | drafts per step (last quarter) | modelled speed-up vs plain"
+        + (" | best fixed length (speed-up vs plain) | adaptive vs best fixed |" if fixed else " |")
+    )
+    print("|---|---|---|---|" + ("---|---|" if fixed else ""))
     for bs in tqdm(args.batch_sizes, desc="simulating", unit="batch size", leave=False):
-        r = simulate(
-            cost, config, bs, accept=args.accept, bad_accept=args.bad_accept, bad_steps=args.bad_steps,
+        run = partial(
+            simulate, cost, config, bs, accept=args.accept, bad_accept=args.bad_accept, bad_steps=args.bad_steps,
             steps=args.steps, k_max=args.k_max, prompt_tokens=tuple(args.prompt_tokens),
             output_tokens=args.output_tokens, eager_prefill=args.eager_prefill, seed=args.seed,
             accept_spread=args.accept_spread,
             piece_tokens=args.catchup_piece_tokens or None, max_verify_tokens=args.max_verify_tokens or None,
         )  # fmt: skip
-        print(f"| {r.batch_size} | {r.drafting_steps:.1%} | {r.late_drafts:.2f} | {r.speedup:.3f}x |")
+        r = run()
+        row = f"| {r.batch_size} | {r.drafting_steps:.1%} | {r.late_drafts:.2f} | {r.speedup:.3f}x |"
+        if fixed:
+            k, best = max(((k, run(fixed_length=k).speedup) for k in fixed), key=lambda kb: kb[1])
+            row += f" k{k} ({best:.3f}x) | {r.speedup / best:.3f}x |"
+        print(row)
 
 
 if __name__ == "__main__":

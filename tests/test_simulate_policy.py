@@ -67,9 +67,25 @@ def test_probes_cost_little_when_drafting_never_pays(script):
     assert 0 < r.drafting_steps < 0.1 and r.speedup > 0.95
 
 
+def test_fixed_length_reference(script):
+    # Every request drafts the one length every step (the A/B's fixed-length contenders,
+    # on FASER's worker), against the same requests and acceptance draws.
+    none = run(script, 4, fixed_length=0)
+    assert none.drafting_steps == 0 and none.speedup == pytest.approx(1.0)
+    idle = run(script, 1, fixed_length=3)
+    assert idle.drafting_steps > 0.95 and idle.speedup > 1.05  # near an answer's end it drafts less
+    # Under load a fixed length keeps paying verify tokens that the adaptive policy drops.
+    busy = run(script, 128, fixed_length=1, steps=300)
+    assert busy.drafting_steps > 0.95 and busy.speedup < 0.95 < run(script, 128, steps=300).speedup
+
+
 def test_cli_prints_a_table(script, tmp_path, capsys):
     costs = tmp_path / "costs.json"
     write_cost_entry(costs, CostKey.of("NVIDIA H200", "t", "d", "flashinfer", "bfloat16"), H200_14B)
     script.main(["--costs", str(costs), "--batch-sizes", "1", "--steps", "200"])
     out = capsys.readouterr().out
-    assert "| batch size |" in out and out.strip().splitlines()[-1].startswith("| 1 |")
+    assert "| batch size |" in out and "best fixed length" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("| 1 |") and last.count("|") == 7
+    script.main(["--costs", str(costs), "--batch-sizes", "1", "--steps", "200", "--fixed-lengths"])
+    assert "best fixed length" not in capsys.readouterr().out

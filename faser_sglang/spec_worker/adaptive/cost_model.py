@@ -125,8 +125,7 @@ class VerifyCost:
         """Verify seconds; ``tokens`` may be a scalar or an array (then so is the result)."""
         tokens = np.asarray(tokens, np.float64)
         t = self.fixed + self.row * batch_size + self.token * tokens + self.context_token * context
-        for knot, slope in zip(self.knots, self.knot_slopes):
-            t = t + slope * np.maximum(tokens - knot, 0.0)
+        t = t + _hinges(tokens, self.knots, self.knot_slopes)
         return t if t.ndim else float(t)
 
 
@@ -143,7 +142,15 @@ class PlainCost:
 
     def time(self, batch_size: int, context: float) -> float:
         t = self.fixed + self.row * batch_size + self.context_token * context
-        return t + sum(slope * max(batch_size - knot, 0.0) for knot, slope in zip(self.knots, self.knot_slopes))
+        return float(t + _hinges(np.float64(batch_size), self.knots, self.knot_slopes))
+
+
+def _hinges(x: Any, knots: Sequence[float], slopes: Sequence[float]) -> Any:
+    """sum_b slopes[b] * max(x - knots[b], 0), elementwise over ``x`` (a scalar or an array)."""
+    t = np.zeros_like(x, np.float64)
+    for knot, slope in zip(knots, slopes):
+        t = t + slope * np.maximum(x - knot, 0.0)
+    return t
 
 
 @dataclass(frozen=True)
