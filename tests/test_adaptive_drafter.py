@@ -417,6 +417,20 @@ def test_drafting_must_beat_the_plain_decode_it_replaces():
     assert a.draft_lens == (0,) * 8 and a.step_seconds == pytest.approx(6e-3)
 
 
+def test_drafts_that_gain_nothing_are_never_chosen():
+    """A profile may price a drafting step below the plain decode (here 11 ms against
+    20 ms); drafts with no gain (cut near max_new_tokens, or never accepted) still stay
+    out, and the prediction is the plain decode the worker then runs."""
+    model = replace(cost(verify_fixed=10e-3, forward=1e-3), plain=PlainCost(20e-3, 0.0, 0.0))
+    a = run_allocate(constant_gains([0.0] * 8, 4), model)
+    assert a.draft_lens == (0,) * 8 and a.step_seconds == pytest.approx(20e-3)
+    mixed = run_allocate(constant_gains([0.8, 0.0, 0.8, 0.0], 4), model)
+    assert mixed.draft_lens[1] == mixed.draft_lens[3] == 0 and mixed.draft_lens[0] > 0
+    capped = constant_gains([0.8] * 2, 4)
+    capped[1, 2:] = 0.0  # the worker cuts request 1 to 2 drafts
+    assert run_allocate(capped, model).draft_lens[1] <= 2
+
+
 def test_bound_skips_the_walk_only_when_no_draft_can_pay(monkeypatch):
     """The early exit (the n largest gains over the fastest step with n drafts, for
     every n) returns the plain decode exactly when the full walk would; near the bound

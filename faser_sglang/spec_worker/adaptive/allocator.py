@@ -190,6 +190,12 @@ class _Walk:
         # Items in level-major order (id = j * bs + i), so a stable sort breaks ties
         # toward shallower items, which share forwards already paid for.
         order = np.argsort(-_ranking_key(self.gains, priced).T.ravel(), kind="stable")  # [M]
+        # An item that gains nothing (a draft the worker cuts near max_new_tokens, or an
+        # acceptance of 0) never raises a rate; left in, it could be chosen where the
+        # profile prices a drafting step below the plain decode, and then cut.
+        order = order[self.gains.T.ravel()[order] > 0]
+        if len(order) == 0:
+            return best
         # An item (with the rest of its request's drafts) whose ceiling is at most the
         # best rate so far lowers the rate of every point it joins: its marginal cost is
         # at least own + one verify token, since verify prices are convex and forwards
