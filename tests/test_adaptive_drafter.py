@@ -432,15 +432,15 @@ def test_drafts_that_gain_nothing_are_never_chosen():
 
 
 def test_bound_skips_the_walk_only_when_no_draft_can_pay(monkeypatch):
-    """The early exit (the n largest gains over the fastest step with n drafts, for
-    every n) returns the plain decode exactly when the full walk would; near the bound
-    the walk still runs and drafts."""
+    """The early exit (for every depth c and n, the n largest gains among positions < c
+    over the fastest step with n drafts at most c deep) returns the plain decode exactly
+    when the full walk would; near the bound the walk still runs and drafts."""
     import faser_sglang.spec_worker.adaptive.allocator as alloc
 
     model = replace(cost(verify_fixed=10e-3, forward=1e-3), plain=PlainCost(6e-3, 0.0, 0.0))
     walked = []
-    real_argsort = np.argsort
-    monkeypatch.setattr(alloc.np, "argsort", lambda *a, **k: walked.append(1) or real_argsort(*a, **k))
+    real_best = alloc._Walk.best
+    monkeypatch.setattr(alloc._Walk, "best", lambda self, *a: walked.append(1) or real_best(self, *a))
     low = run_allocate(constant_gains([0.3] * 64, 4), model)  # 64 + 27.4 tokens / 11 ms < 64 / 6 ms
     assert low.draft_lens == (0,) * 64 and not walked
     high = run_allocate(constant_gains([0.95] * 64, 4), model)
@@ -452,8 +452,15 @@ def test_bound_skips_the_walk_only_when_no_draft_can_pay(monkeypatch):
     dear = replace(cost(verify_fixed=10e-3, verify_token=200e-6, forward=1e-3), plain=PlainCost(6e-3, 0.0, 0.0))
     under_load = run_allocate(constant_gains([0.9] * 64, 4), dear)
     assert under_load.draft_lens == (0,) * 64 and not walked
+    # 256 requests on the 7.18B pair's profile, 16 of them accepting nearly every draft:
+    # their 128 deep drafts would pay at the price of one draft forward (381 tokens in
+    # 16.3 ms against 256 in 11.1 ms), not at the eight forwards that depth takes.
+    walked.clear()
+    few_good = constant_gains([0.99] * 16 + [0.1] * 240, 8)
+    assert run_allocate(few_good, H200_7B).draft_lens == (0,) * 256 and not walked
     monkeypatch.setattr(alloc, "_any_draft_can_pay", lambda *a: True)  # the bound never fires
     assert run_allocate(constant_gains([0.9] * 64, 4), dear).draft_lens == (0,) * 64 and walked
+    assert run_allocate(few_good, H200_7B).draft_lens == (0,) * 256
 
 
 def test_respects_the_verify_token_cap():
@@ -547,6 +554,39 @@ def test_pruned_walks_find_the_unpruned_best(monkeypatch):
     # unpruned walk's best).
     ratio = np.array(pruned) / np.array(unpruned)
     assert ratio.min() >= 1 - 1e-12 and np.mean(ratio == 1.0) > 0.99
+
+
+def test_bound_never_hides_a_better_point(monkeypatch):
+    """The early exit returns the plain decode only where the walks find nothing better:
+    random cost models (plain terms dearer than a verify, knots, free items), batches up
+    to 64 with catch-up backlogs, pieces and caps, against the same allocations with the
+    bound switched off. A quarter of the cases are loaded enough that it fires."""
+    rng = np.random.default_rng(5)
+    cases = []
+    for _ in range(2000):
+        model = CostModel(
+            DraftCost(*rng.uniform([1e-3, 1e-3, 0, 0, 0], [4e-3, 4e-3, 2e-5, 3e-5, 1e-8])),
+            VerifyCost(*rng.uniform([5e-3, 0, 0, 0], [3e-2, 5e-5, 5e-5, 5e-8]),
+                       (float(rng.integers(8, 256)),), (rng.uniform(0, 1e-4),)),
+            "synthetic",
+            plain=PlainCost(*rng.uniform([2e-3, 0, 0], [3e-2, 5e-5, 5e-8])) if rng.random() < 0.7 else None,
+        )  # fmt: skip
+        bs, k_max = int(rng.choice([1, 4, 16, 64])), int(rng.integers(1, 8))
+        gains = np.cumprod(rng.uniform(0.0, 1.0, (bs, k_max)) ** rng.uniform(0.1, 1.0), axis=1)
+        catchup = rng.integers(1, 64, bs).astype(float)
+        horizon = rng.integers(1, 32, bs).astype(float)
+        pieces = CatchupPieces(catchup, int(rng.integers(8, 128)), horizon) if rng.random() < 0.5 else None
+        max_drafts = None if rng.random() < 0.5 else int(rng.integers(1, bs * k_max + 1))
+        args = (gains, rng.integers(50, 4000, bs), charged_catchup(catchup, horizon), model)
+        cases.append((args, {"max_drafts": max_drafts, "pieces": pieces}))
+    verdicts = []
+    real_bound = allocator._any_draft_can_pay
+    monkeypatch.setattr(allocator, "_any_draft_can_pay", lambda *a: verdicts.append(real_bound(*a)) or verdicts[-1])
+    bounded = [allocate(*args, **kw) for args, kw in cases]
+    monkeypatch.setattr(allocator, "_any_draft_can_pay", lambda *a: True)
+    walked = [allocate(*args, **kw) for args, kw in cases]
+    assert all(b.tokens_per_second == pytest.approx(w.tokens_per_second) for b, w in zip(bounded, walked))
+    assert len(verdicts) == len(cases) and 0.2 < 1 - np.mean(verdicts) < 0.9
 
 
 @pytest.mark.parametrize("which", ["analytical Llama-3.1-8B / 3.2-1B", "profiled 7.18B pair"])

@@ -47,8 +47,10 @@ rate of any point it joined, so the walks leave such items out (the premises are
 All of it is a sort of bs * K_max items and a few vectorised passes: on a 2-core CPU
 ~0.1-0.3 ms for bs <= 64 and ~1.1 ms at bs = 256 with K_max = 8 (tests print the
 timings). Before any of it, a bound returns the plain decode when no draft can pay,
-which at high load is most steps: for every n, the n largest gains at the price of
-the fastest step with n drafts (a verify of bs + n tokens and one draft forward).
+which at high load is most steps: for every depth c and every n, the n largest gains
+among positions < c at the price of the fastest step with n drafts at most c deep (a
+verify of bs + n tokens, c draft forwards, and the least catch-ups of the fewest
+requests those drafts can come from).
 
 Worked example, two requests, K_max = 2, costs in ms: verify 10 + 2 per token
 beyond 2 tokens (compute-bound past bs), one draft forward 1, no per-row draft
@@ -142,17 +144,16 @@ def allocate(
         return no_draft
     context = float(seq_lens.sum())
     verify = cost.verify.time(bs, bs + np.arange(bs * k_max + 1), context)  # [M+1]
-    if not _any_draft_can_pay(gains, verify, d.extend_forward, max_drafts, no_draft.tokens_per_second):
-        return no_draft
-
+    # [K+1] seconds of draft forwards when the deepest draft is 0..K.
+    forward = np.concatenate(([0.0], d.extend_forward + d.decode_forward * np.arange(k_max)))
     own = np.empty((bs, k_max))  # [bs, K] item's own draft cost c[i, j]
     own[:] = (d.row_step + d.context_row_step * seq_lens)[:, None]
     own[:, 0] = d.catchup_token * np.asarray(catchup, np.float64) + d.context_row_step * seq_lens
+    if not _any_draft_can_pay(gains, own, verify, forward, max_drafts, no_draft.tokens_per_second):
+        return no_draft
     # [bs, K] with the first verify token's price; floored so a free item ranks first
     # instead of dividing by zero (a fit may price some features at exactly 0).
     priced = np.maximum(own + (verify[1] - verify[0]), MIN_ITEM_SECONDS)
-    # [K+1] seconds of draft forwards when the deepest draft is 0..K.
-    forward = np.concatenate(([0.0], d.extend_forward + d.decode_forward * np.arange(k_max)))
     walk = _Walk(gains, own, verify, forward, d.extend_forward, pieces, max_drafts, _ceilings(gains, priced))
     best = walk.best(priced, no_draft)
     if pieces is not None:
@@ -241,19 +242,35 @@ class _Walk:
 
 def _any_draft_can_pay(
     gains: np.ndarray,  # [bs, K]
+    own: np.ndarray,  # [bs, K] item's own draft cost (a request's catch-up on its first)
     verify: np.ndarray,  # [M+1] verify seconds with 0..M drafts
-    first_forward: float,
+    forward: np.ndarray,  # [K+1] draft forwards' seconds when the deepest draft is 0..K
     max_drafts: Optional[int],
     plain_rate: float,
 ) -> bool:
-    """False when no allocation can beat the plain decode's ``plain_rate``: a step with n
-    drafts emits at most bs + the n largest gains and takes at least the verify of
-    bs + n tokens and one draft forward (costs are non-negative). This is the regime of
-    high load (a verify token dearer than its gain is worth), where it saves the walks."""
-    bs = gains.shape[0]
-    most = gains.size if max_drafts is None else min(max_drafts, gains.size)
-    top = np.cumsum(np.sort(gains, axis=None)[::-1][:most])  # [n] sum of the n largest gains
-    return bool(np.max((bs + top) / (verify[1 : most + 1] + first_forward)) > plain_rate)
+    """False when no allocation can beat the plain decode's ``plain_rate``. A step with n
+    drafts, the deepest at depth c, emits at most bs + the n largest gains among
+    positions < c, and takes at least the verify of bs + n tokens, c draft forwards and
+    the drafts' own costs: each at least the least own cost lo, and each of its at least
+    n / c requests' first draft (which carries the request's catch-up) at least the least
+    first-draft cost more. Checked for every c and n (costs are non-negative). This is
+    the regime of high load (a verify token dearer than its gain is worth, catch-ups
+    grown over plain steps), where it saves the walks; bounding each depth apart keeps
+    the deep drafts of a few well-accepted requests from passing it at the price of one
+    forward and one catch-up."""
+    bs, k_max = gains.shape
+    caps = np.arange(1, k_max + 1)[:, None]  # [K, 1] c
+    flat = gains.T.ravel()  # [M] level-major: item j * bs + i
+    order = np.argsort(-flat, kind="stable")  # [M] largest gain first
+    within = order // bs < caps  # [K, M] item at a position < c
+    count = np.cumsum(within, axis=1)  # [K, M] n
+    top = np.cumsum(np.where(within, flat[order], 0.0), axis=1)  # [K, M] the n largest gains
+    first = own[:, 0].min()
+    lo = min(first, own.min())
+    seconds = verify[count] + forward[1:, None] + lo * count + (first - lo) * count / caps  # [K, M]
+    if max_drafts is not None:
+        within &= count <= max_drafts
+    return bool(np.any(within & ((bs + top) / seconds > plain_rate)))
 
 
 def _ranking_key(gains: np.ndarray, priced: np.ndarray) -> np.ndarray:
