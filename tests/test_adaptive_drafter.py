@@ -326,6 +326,12 @@ def test_cost_file_round_trip_and_key_matching(tmp_path):
     path.write_text(json.dumps({**older, "format": 7}))
     with pytest.raises(ValueError, match="format 7"):
         read_cost_entries(path)
+    # A negative price (a hand-edited file) would let the allocator's bound rule out
+    # drafts that pay: refused, naming the term.
+    older["entries"][0]["model"]["draft"]["catchup_token"] = -1e-3
+    path.write_text(json.dumps(older))
+    with pytest.raises(ValueError, match="draft.catchup_token .* is negative"):
+        read_cost_entries(path)
 
 
 def test_plain_term_extrapolates_past_a_profile_whose_contexts_grow_with_the_batch():
@@ -453,7 +459,7 @@ def test_bound_skips_the_walk_only_when_no_draft_can_pay(monkeypatch):
     under_load = run_allocate(constant_gains([0.9] * 64, 4), dear)
     assert under_load.draft_lens == (0,) * 64 and not walked
     # 256 requests on the 7.18B pair's profile, 16 of them accepting nearly every draft:
-    # their 128 deep drafts would pay at the price of one draft forward (381 tokens in
+    # their 128 deep drafts would pay at the price of one draft forward (378 tokens in
     # 16.3 ms against 256 in 11.1 ms), not at the eight forwards that depth takes.
     walked.clear()
     few_good = constant_gains([0.99] * 16 + [0.1] * 240, 8)
@@ -562,16 +568,20 @@ def test_bound_never_hides_a_better_point(monkeypatch):
     to 64 with catch-up backlogs, pieces and caps, against the same allocations with the
     bound switched off. A quarter of the cases are loaded enough that it fires."""
     rng = np.random.default_rng(5)
+
+    def prices(low, high, fixed):  # the per-unit ones sometimes exactly 0, as a fit may leave them
+        return rng.uniform(low, high) * ((rng.random(len(low)) > 0.2) | (np.arange(len(low)) < fixed))
+
     cases = []
     for _ in range(2000):
         model = CostModel(
-            DraftCost(*rng.uniform([1e-3, 1e-3, 0, 0, 0], [4e-3, 4e-3, 2e-5, 3e-5, 1e-8])),
-            VerifyCost(*rng.uniform([5e-3, 0, 0, 0], [3e-2, 5e-5, 5e-5, 5e-8]),
+            DraftCost(*prices([1e-3, 1e-3, 0, 0, 0], [4e-3, 4e-3, 2e-5, 3e-5, 1e-8], 2)),
+            VerifyCost(*prices([5e-3, 0, 0, 0], [3e-2, 5e-5, 5e-5, 5e-8], 1),
                        (float(rng.integers(8, 256)),), (rng.uniform(0, 1e-4),)),
             "synthetic",
-            plain=PlainCost(*rng.uniform([2e-3, 0, 0], [3e-2, 5e-5, 5e-8])) if rng.random() < 0.7 else None,
+            plain=PlainCost(*prices([2e-3, 0, 0], [3e-2, 5e-5, 5e-8], 1)) if rng.random() < 0.7 else None,
         )  # fmt: skip
-        bs, k_max = int(rng.choice([1, 4, 16, 64])), int(rng.integers(1, 8))
+        bs, k_max = int(rng.choice([1, 4, 16, 64])), int(rng.integers(1, 9))
         gains = np.cumprod(rng.uniform(0.0, 1.0, (bs, k_max)) ** rng.uniform(0.1, 1.0), axis=1)
         catchup = rng.integers(1, 64, bs).astype(float)
         horizon = rng.integers(1, 32, bs).astype(float)

@@ -68,8 +68,8 @@ def test_probes_cost_little_when_drafting_never_pays(script):
 
 
 def test_fixed_length_reference(script):
-    # Every request drafts the one length every step (the A/B's fixed-length contenders,
-    # on FASER's worker), against the same requests and acceptance draws.
+    # Every request drafts the one length every step whatever the load (the A/B's
+    # STANDALONE contenders), against the same requests and acceptance draws.
     none = run(script, 4, fixed_length=0)
     assert none.drafting_steps == 0 and none.speedup == pytest.approx(1.0)
     idle = run(script, 1, fixed_length=3)
@@ -89,3 +89,6 @@ def test_cli_prints_a_table(script, tmp_path, capsys):
     assert last.startswith("| 1 |") and last.count("|") == 7
     script.main(["--costs", str(costs), "--batch-sizes", "1", "--steps", "200", "--fixed-lengths"])
     assert "best fixed length" not in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        script.main(["--costs", str(costs), "--k-max", "4", "--fixed-lengths", "5"])
+    assert "at most --k-max 4" in capsys.readouterr().err

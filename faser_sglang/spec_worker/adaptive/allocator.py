@@ -253,7 +253,8 @@ def _any_draft_can_pay(
     positions < c, and takes at least the verify of bs + n tokens, c draft forwards and
     the drafts' own costs: each at least the least own cost lo, and each of its at least
     n / c requests' first draft (which carries the request's catch-up) at least the least
-    first-draft cost more. Checked for every c and n (costs are non-negative). This is
+    first-draft cost more. Checked for every c and n (costs are non-negative:
+    CostModel.from_dict refuses others). This is
     the regime of high load (a verify token dearer than its gain is worth, catch-ups
     grown over plain steps), where it saves the walks; bounding each depth apart keeps
     the deep drafts of a few well-accepted requests from passing it at the price of one
@@ -265,8 +266,8 @@ def _any_draft_can_pay(
     within = order // bs < caps  # [K, M] item at a position < c
     count = np.cumsum(within, axis=1)  # [K, M] n
     top = np.cumsum(np.where(within, flat[order], 0.0), axis=1)  # [K, M] the n largest gains
-    first = own[:, 0].min()
-    lo = min(first, own.min())
+    lo = own.min()
+    first = own[:, 0].min()  # >= lo
     seconds = verify[count] + forward[1:, None] + lo * count + (first - lo) * count / caps  # [K, M]
     if max_drafts is not None:
         within &= count <= max_drafts

@@ -206,6 +206,15 @@ class CostModel:
             plain = dict(plain)
             plain["knots"] = tuple(plain.get("knots", ()))
             plain["knot_slopes"] = tuple(plain.get("knot_slopes", ()))
+        terms = {"draft": data["draft"], "verify": verify, "plain": plain or {}}
+        for part, values in terms.items():
+            for name, value in values.items():
+                # The allocator's bounds and walks take every price to be >= 0 (fits are).
+                if any(v < 0 for v in np.atleast_1d(np.asarray(value, np.float64))):
+                    raise ValueError(
+                        f"cost model term {part}.{name} = {value!r} is negative; costs are seconds "
+                        "(>= 0): re-profile with scripts/profile_costs.py"
+                    )
         return cls(
             draft=DraftCost(**data["draft"]),
             verify=VerifyCost(**verify),
