@@ -138,3 +138,20 @@ def test_last_logits_in_pieces_feed_each_piece_in_order(monkeypatch):
     assert out[:, 0].tolist() == [103, 104, 106]  # last tokens of rows 0, 2, 5
     with pytest.raises(ValueError, match="limit"):
         pieces([0], [0], [1], 0)
+
+
+def test_graphed_only_when_every_forward_of_the_chunk_replayed_a_graph():
+    """What the worker reports to SGLang's decode-batch log (``cuda graph:``) for a
+    drafting step: whether each forward of its verify replayed a CUDA graph."""
+    runner = runner_with_graphs(64)
+    chunks = ChunkForward(runner, None, mode="auto")
+
+    def chunk(*replayed: bool) -> bool:  # one chunk's forwards (pieces), as logits() runs them
+        flags = iter(replayed)
+        runner.forward = lambda fb: SimpleNamespace(logits_output=fb, can_run_graph=next(flags))
+        chunks.graphed = True
+        assert [chunks._forward(i) for i in range(len(replayed))] == list(range(len(replayed)))
+        return chunks.graphed
+
+    assert chunk(True) and chunk(True, True)
+    assert not chunk(False) and not chunk(True, False)

@@ -38,9 +38,9 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import torch
-from sglang.srt.layers.logits_processor import LogitsMetadata
+from sglang.srt.layers.logits_processor import LogitsMetadata, LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import ScheduleBatch
-from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
 
 from faser_sglang.config import CHUNK_FORWARDS
 from faser_sglang.spec_worker.batch_views import (
@@ -59,6 +59,7 @@ class ChunkForward:
         self.runner = runner
         self.req_to_token_pool = req_to_token_pool
         self.mode = mode
+        self.graphed = False  # whether every forward of the last ``logits`` replayed a CUDA graph
 
     def graph_rows(self) -> int:
         """Largest decode batch this model replays from a CUDA graph (0: none)."""
@@ -107,6 +108,7 @@ class ChunkForward:
         With ``last_only``, up to ``max_pieces`` decode-row forwards may feed them."""
         total = sum(lens)
         device = batch.seq_lens.device
+        self.graphed = True  # until a forward of this chunk runs eagerly
         sel: Optional[RowSelection] = None if len(rows) == len(batch.reqs) else RowSelection.of(rows, device)
         pool_rows = batch.req_pool_indices if sel is None else batch.req_pool_indices[sel.rows]
         out_cache_loc = kv_slots(
@@ -161,7 +163,7 @@ class ChunkForward:
             seq_lens_cpu=seq_lens,
             out_cache_loc=out_cache_loc,
         )
-        return self.runner.forward(fb).logits_output.next_token_logits
+        return self._forward(fb).next_token_logits
 
     def _extend(self, batch, sel, starts, lens, input_ids, out_cache_loc, last_only: bool) -> torch.Tensor:
         fb = extend_forward_batch(
@@ -174,7 +176,7 @@ class ChunkForward:
             out_cache_loc=out_cache_loc,
             capture_hidden_mode=CaptureHiddenMode.NULL if last_only else CaptureHiddenMode.FULL,
         )
-        out = self.runner.forward(fb).logits_output
+        out = self._forward(fb)
         if last_only:
             return out.next_token_logits
         # An EXTEND forward returns logits of each row's last token only; the full
@@ -187,6 +189,12 @@ class ChunkForward:
             LogitsMetadata.from_forward_batch(fb),
             use_logits_buffer=False,
         )
+
+
+    def _forward(self, fb: ForwardBatch) -> LogitsProcessorOutput:
+        out = self.runner.forward(fb)
+        self.graphed &= out.can_run_graph
+        return out.logits_output
 
 
 def pieces(

@@ -309,7 +309,7 @@ class FaserWorker(BaseSpecWorker):
             new_seq_lens=new_seq_lens,
             next_draft_input=next_state,
             speculative_num_draft_tokens=width,
-            can_run_cuda_graph=False,
+            can_run_cuda_graph=self.verify_phase.chunks.graphed,  # SGLang logs it per decode batch
         )
 
 
