@@ -32,9 +32,10 @@ charged in full) against plain decoding at the same batch size. Beside it, the b
 with every request drafting that one length every step whatever the load, as the
 A/B's STANDALONE contenders do (not shortened to --max-verify-tokens, as FASER's fixed
 policy would be), priced by the same cost model, and the adaptive policy's throughput
-against it; the A/B's bar "1.2x the best fixed length" read at one batch size. What it shows is the policy's behaviour under the cost
-model (does it draft where drafting pays, recover from a bad start, stay off where it
-does not pay, how far it can beat a fixed length at a load), not a measured speed.
+against it: the A/B's bar "1.2x the best fixed length" read at one batch size. What it
+shows is the policy's behaviour under the cost model (does it draft where drafting pays,
+recover from a bad start, stay off where it does not pay, how far it can beat a fixed
+length at a load), not a measured speed.
 """
 
 from __future__ import annotations

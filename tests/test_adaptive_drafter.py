@@ -532,6 +532,27 @@ def test_near_optimal_against_brute_force():
     assert min(ratios) > 0.95 and np.mean(ratios) > 0.999
 
 
+def _random_case(
+    rng: np.random.Generator,
+    model: CostModel,
+    gains: np.ndarray,  # [bs, k_max]
+    catchup_high: int,
+    horizon_high: int,
+    piece_tokens: tuple[int, int],
+    pieces_p: float,
+) -> tuple[tuple, dict]:
+    """allocate()'s arguments for a random batch around ``gains``: catch-up backlogs and
+    horizons, pieces of a random size (with probability ``pieces_p``), a draft cap half
+    the time."""
+    bs, k_max = gains.shape
+    catchup = rng.integers(1, catchup_high, bs).astype(float)
+    horizon = rng.integers(1, horizon_high, bs).astype(float)
+    pieces = CatchupPieces(catchup, int(rng.integers(*piece_tokens)), horizon) if rng.random() < pieces_p else None
+    max_drafts = None if rng.random() < 0.5 else int(rng.integers(1, bs * k_max + 1))
+    args = (gains, rng.integers(50, 4000, bs), charged_catchup(catchup, horizon), model)
+    return args, {"max_drafts": max_drafts, "pieces": pieces}
+
+
 def test_pruned_walks_find_the_unpruned_best(monkeypatch):
     """Leaving out the items that cannot raise the best rate never loses the best point: random
     cost models (plain terms dearer than a verify included), catch-ups in pieces with
@@ -547,12 +568,8 @@ def test_pruned_walks_find_the_unpruned_best(monkeypatch):
         )
         bs, k_max = int(rng.integers(1, 12)), int(rng.integers(1, 6))
         gains = np.cumprod(rng.uniform(0.05, 1.0, (bs, k_max)), axis=1)
-        catchup = rng.integers(1, 40, bs).astype(float)
-        horizon = rng.integers(1, 64, bs).astype(float)
-        pieces = CatchupPieces(catchup, int(rng.integers(2, 16)), horizon) if rng.random() < 0.7 else None
-        max_drafts = None if rng.random() < 0.5 else int(rng.integers(1, bs * k_max + 1))
-        args = (gains, rng.integers(50, 4000, bs), charged_catchup(catchup, horizon), model)
-        cases.append((args, {"max_drafts": max_drafts, "pieces": pieces}))
+        cases.append(_random_case(rng, model, gains, catchup_high=40, horizon_high=64,
+                                  piece_tokens=(2, 16), pieces_p=0.7))
     pruned = [allocate(*args, **kw).tokens_per_second for args, kw in cases]
     monkeypatch.setattr(allocator, "_ceilings", lambda gains, priced: np.full(gains.shape, np.inf))
     unpruned = [allocate(*args, **kw).tokens_per_second for args, kw in cases]
@@ -583,12 +600,8 @@ def test_bound_never_hides_a_better_point(monkeypatch):
         )  # fmt: skip
         bs, k_max = int(rng.choice([1, 4, 16, 64])), int(rng.integers(1, 9))
         gains = np.cumprod(rng.uniform(0.0, 1.0, (bs, k_max)) ** rng.uniform(0.1, 1.0), axis=1)
-        catchup = rng.integers(1, 64, bs).astype(float)
-        horizon = rng.integers(1, 32, bs).astype(float)
-        pieces = CatchupPieces(catchup, int(rng.integers(8, 128)), horizon) if rng.random() < 0.5 else None
-        max_drafts = None if rng.random() < 0.5 else int(rng.integers(1, bs * k_max + 1))
-        args = (gains, rng.integers(50, 4000, bs), charged_catchup(catchup, horizon), model)
-        cases.append((args, {"max_drafts": max_drafts, "pieces": pieces}))
+        cases.append(_random_case(rng, model, gains, catchup_high=64, horizon_high=32,
+                                  piece_tokens=(8, 128), pieces_p=0.5))
     verdicts = []
     real_bound = allocator._any_draft_can_pay
     monkeypatch.setattr(allocator, "_any_draft_can_pay", lambda *a: verdicts.append(real_bound(*a)) or verdicts[-1])

@@ -190,8 +190,9 @@ class ChunkForward:
             use_logits_buffer=False,
         )
 
-
     def _forward(self, fb: ForwardBatch) -> LogitsProcessorOutput:
+        """One model forward; ``graphed`` stays True only while every forward of the
+        chunk replayed a CUDA graph (the worker reports it to SGLang's decode log)."""
         out = self.runner.forward(fb)
         self.graphed &= out.can_run_graph
         return out.logits_output
