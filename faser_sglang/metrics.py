@@ -34,7 +34,7 @@ class PhaseClock:
         self.device = device
         self.seconds: dict[str, float] = {}
         self.labels: dict[str, str | int] = {}
-        self._last = time.perf_counter()
+        self.last_mark = time.perf_counter()  # the step's end once its last phase is marked
 
     def label(self, key: str, value: str | int) -> None:
         """A fact about the step for the trace (e.g. which forward the verify ran)."""
@@ -47,8 +47,8 @@ class PhaseClock:
         if self.device.startswith("cuda"):
             torch.cuda.synchronize()
         now = time.perf_counter()
-        self.seconds[phase] = now - self._last
-        self._last = now
+        self.seconds[phase] = now - self.last_mark
+        self.last_mark = now
 
 
 @dataclass
@@ -60,6 +60,7 @@ class StepRecord:
     draft_lens: Sequence[int]
     num_accepted: Sequence[int]
     seconds: float
+    ended: float  # perf_counter at the step's end: the gaps between steps are the work outside them
     phase_seconds: dict[str, float]
     labels: dict[str, str | int]
 
@@ -73,6 +74,7 @@ class StepRecord:
                 "draft_lens": list(self.draft_lens),
                 "num_accepted": list(self.num_accepted),
                 "seconds": round(self.seconds, 6),
+                "ended": round(self.ended, 6),
                 **{f"{k}_seconds": round(v, 6) for k, v in self.phase_seconds.items()},
                 **self.labels,
             }
@@ -117,6 +119,7 @@ class FaserStats:
                 draft_lens,
                 num_accepted,
                 seconds,
+                clock.last_mark,
                 clock.seconds,
                 clock.labels,
             )

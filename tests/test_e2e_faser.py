@@ -97,6 +97,9 @@ def test_synchronous_schedule_is_lossless(nospec, tiny_models, tmp_path):
     steps = read_trace(trace)
     assert any(any(s["draft_lens"]) for s in steps)
     assert all(0 <= a <= k for s in steps for a, k in zip(s["num_accepted"], s["draft_lens"]))
+    # Synchronously each step starts after the last one ended (scripts/check_costs.py
+    # reads the gaps between them as the work outside decode steps).
+    assert all(b["ended"] - b["seconds"] >= a["ended"] - 1e-3 for a, b in zip(steps, steps[1:]))
 
 
 def test_mixed_sampling_params_in_one_batch(nospec, faser):

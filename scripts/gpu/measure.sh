@@ -31,7 +31,9 @@
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
 # the GPU-1 job and TP=2 runs are left out.
 #
-# SWEEP_RATES="" leaves the rate sweep out. LAZY_PROFILE=<batch sizes, e.g. 1,4,16,64,1,4,16,64>
+# SWEEP_RATES="" leaves the rate sweep out. RATE sets the bursty trace's mean request rate
+# (default 6). AD_TRACE=1 has FASER-AD trace its decode steps and checks them against the
+# cost model after the A/B (scripts/check_costs.py: check-costs.md, faser-ad-steps.csv). LAZY_PROFILE=<batch sizes, e.g. 1,4,16,64,1,4,16,64>
 # adds, after the A/B, a profile with lazy draft prefill (16-token requests, so many
 # steps pay a prompt-long catch-up) whose per-step trace stays in profile-lazy/.
 # PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
@@ -124,7 +126,10 @@ case ${1:?call: 1|2|3|4} in
   3)
     eval "$(bash scripts/gpu/stage_gguf.sh --receive | tail -1)"
     [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
-    echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"}" > $RES/faser-ad.json
+    # AD_TRACE=1: FASER-AD traces every decode step (synchronizing at each phase, so its
+    # timings are a diagnosis, not a contender's speed), checked against the cost model.
+    echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"${AD_TRACE:+, \"trace_path\": \"$RES/faser-ad-trace.jsonl\"}}" > $RES/faser-ad.json
+    rm -f $RES/faser-ad-trace.jsonl
     rm -f $RES/ab.done $RES/big.done
     log "background: build pair (GPU 0), profile, A/B (one lane per GPU: $NUM_GPUS), TP=2"
     background big "set -eo pipefail
@@ -141,6 +146,11 @@ case ${1:?call: 1|2|3|4} in
         --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20; fi
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
       $AB_CMD
+      if [[ -n '${AD_TRACE:-}' ]]; then
+        python3 scripts/check_costs.py --costs $RES/costs.json --trace $RES/faser-ad-trace.jsonl \
+          --steps-csv $RES/faser-ad-steps.csv > $RES/check-costs.md 2>&1 || true
+        gzip -f $RES/faser-ad-trace.jsonl
+      fi
       touch $RES/ab.done
       if [[ -n '${LAZY_PROFILE:-}' ]]; then  # long catch-ups: traced steps of a lazily prefilled profile
         CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
