@@ -33,9 +33,10 @@
 #
 # SWEEP_RATES="" leaves the rate sweep out. RATE sets the bursty trace's mean request rate
 # (default 6). AD_TRACE=1 has FASER-AD trace its decode steps and checks them against the
-# cost model after the A/B (scripts/check_costs.py: check-costs.md, faser-ad-steps.csv). LAZY_PROFILE=<batch sizes, e.g. 1,4,16,64,1,4,16,64>
-# adds, after the A/B, a profile with lazy draft prefill (16-token requests, so many
-# steps pay a prompt-long catch-up) whose per-step trace stays in profile-lazy/.
+# cost model after the A/B (scripts/check_costs.py: check-costs.md, faser-ad-steps.csv).
+# LAZY_PROFILE=<batch sizes, e.g. 1,4,16,64,1,4,16,64> adds, after the A/B, a profile with
+# lazy draft prefill (16-token requests, so many steps pay a prompt-long catch-up) whose
+# per-step trace stays in profile-lazy/.
 # PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
 # default, 7.18B / 0.42B; cost-faithful-14b, 13.5B / 0.42B); the same value on every call.
 #
@@ -149,7 +150,7 @@ case ${1:?call: 1|2|3|4} in
       if [[ -n '${AD_TRACE:-}' ]]; then
         python3 scripts/check_costs.py --costs $RES/costs.json --trace $RES/faser-ad-trace.jsonl \
           --steps-csv $RES/faser-ad-steps.csv > $RES/check-costs.md 2>&1 || true
-        gzip -f $RES/faser-ad-trace.jsonl
+        gzip -f $RES/faser-ad-trace.jsonl || true  # no trace without a faser-ad contender
       fi
       touch $RES/ab.done
       if [[ -n '${LAZY_PROFILE:-}' ]]; then  # long catch-ups: traced steps of a lazily prefilled profile
