@@ -3,7 +3,8 @@
     python scripts/simulate_policy.py --costs costs.json [--accept 0.61 0.54 0.64 0.55] \\
         [--accept-spread 0.13] [--bad-accept 0.3 --bad-steps 100] [--batch-sizes 1 4 16 64] [--steps 3000] \\
         [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16] \\
-        [--catchup-piece-tokens 128] [--max-verify-tokens 128] [--fixed-lengths 1 3 5]
+        [--catchup-piece-tokens 128] [--max-verify-tokens 128] [--fixed-lengths 1 3 5] \\
+        [--ramp START END GROW [--ramp-warm-steps 600] [--ramp-hold-steps 100]]
 
 No GPU and no server: the real policy object (acceptance windows, pooled prior,
 allocator) chooses every step's lengths; drafts are accepted at random with the given
@@ -36,6 +37,14 @@ against it: the A/B's bar "1.2x the best fixed length" read at one batch size. W
 shows is the policy's behaviour under the cost model (does it draft where drafting pays,
 recover from a bad start, stay off where it does not pay, how far it can beat a fixed
 length at a load), not a measured speed.
+
+With --ramp it also replays a burst: --ramp-warm-steps steps at START requests, then GROW
+more requests every step up to END, then --ramp-hold-steps steps at END, and prints the
+ramp and the hold apart against plain decoding of the same batches and against the best
+fixed length. New requests join with no draft KV (unless --eager-prefill), so a ramp
+shows what the policy's catch-up charge (spread over --catchup-horizon steps, a bet
+that the request keeps drafting) costs when the batch outgrows drafting within a few
+steps.
 """
 
 from __future__ import annotations
@@ -62,53 +71,78 @@ class SimResult:
     speedup: float  # modelled tokens/s of the chosen lengths / plain decoding's
 
 
-def simulate(
-    cost: CostModel,
-    config: FaserConfig,
-    batch_size: int,
-    *,
-    accept: Sequence[float],
-    bad_accept: Sequence[float],
-    bad_steps: int,
-    steps: int,
-    k_max: int,
-    prompt_tokens: tuple[int, int],
-    output_tokens: int,
-    eager_prefill: bool,
-    seed: int,
-    accept_spread: float = 0.0,
-    piece_tokens: Optional[int] = None,
-    max_verify_tokens: Optional[int] = None,
-    fixed_length: Optional[int] = None,  # every request drafts this instead of the adaptive choice
-) -> SimResult:
-    rng = random.Random(seed)
-    policy = AdaptiveDrafterPolicy(config, cost) if fixed_length is None else None  # None: fixed
-    live: dict[str, list[int]] = {}  # rid -> [committed tokens, draft KV tokens, tokens left]
-    offset: dict[str, float] = {}  # rid -> its shift of every acceptance probability
-    next_id, drafting, late, tokens, seconds, plain_seconds = 0, 0, 0, 0, 0.0, 0.0
-    for step in range(steps):
+@dataclass(frozen=True)
+class StepOutcome:
+    tokens: int  # emitted: accepted drafts plus one per request
+    seconds: float  # the cost model's time of the chosen lengths
+    plain_seconds: float  # ... of a plain decode of the same batch
+    drafts: int  # sum of k_i
+    requests: int
+
+
+class SimulatedServer:
+    """The simulated server: live requests (replaced as they finish, new ones joining
+    when the batch grows), their acceptance draws and the policy's state across steps."""
+
+    def __init__(
+        self,
+        cost: CostModel,
+        config: FaserConfig,
+        *,
+        accept: Sequence[float],
+        bad_accept: Sequence[float],
+        bad_steps: int,
+        k_max: int,
+        prompt_tokens: tuple[int, int],
+        output_tokens: int,
+        eager_prefill: bool,
+        seed: int,
+        accept_spread: float = 0.0,
+        piece_tokens: Optional[int] = None,
+        max_verify_tokens: Optional[int] = None,
+        fixed_length: Optional[int] = None,  # every request drafts this instead of the adaptive choice
+    ):
+        self.cost, self.k_max, self.fixed_length = cost, k_max, fixed_length
+        self.accept, self.bad_accept, self.bad_steps = accept, bad_accept, bad_steps
+        self.prompt_tokens, self.output_tokens, self.eager_prefill = prompt_tokens, output_tokens, eager_prefill
+        self.accept_spread, self.piece_tokens, self.max_verify_tokens = accept_spread, piece_tokens, max_verify_tokens
+        self.rng = random.Random(seed)
+        self.policy = AdaptiveDrafterPolicy(config, cost) if fixed_length is None else None  # None: fixed
+        self.live: dict[str, list[int]] = {}  # rid -> [committed tokens, draft KV tokens, tokens left]
+        self.offset: dict[str, float] = {}  # rid -> its shift of every acceptance probability
+        self.next_id = 0
+        self.steps = 0
+
+    def step(self, batch_size: int) -> StepOutcome:
+        """One decode step of ``batch_size`` requests (new ones join to make it up)."""
+        rng, live, policy = self.rng, self.live, self.policy
         while len(live) < batch_size:
-            prompt = rng.randint(*prompt_tokens)
-            live[f"r{next_id}"] = [prompt, prompt if eager_prefill else 0, output_tokens]
-            offset[f"r{next_id}"] = rng.gauss(0.0, accept_spread) if accept_spread else 0.0
-            next_id += 1
+            prompt = rng.randint(*self.prompt_tokens)
+            live[f"r{self.next_id}"] = [prompt, prompt if self.eager_prefill else 0, self.output_tokens]
+            self.offset[f"r{self.next_id}"] = rng.gauss(0.0, self.accept_spread) if self.accept_spread else 0.0
+            self.next_id += 1
         rids = list(live)
         seq_lens = tuple(live[r][0] for r in rids)
         remaining = tuple(live[r][2] - 1 for r in rids)  # besides the bonus token
-        context = StepContext(seq_lens, tuple(live[r][1] for r in rids), max_verify_tokens, piece_tokens, remaining)
+        context = StepContext(
+            seq_lens, tuple(live[r][1] for r in rids), self.max_verify_tokens, self.piece_tokens, remaining
+        )
         # Capped near max_new_tokens as the worker caps them (worker.cap_to_remaining).
-        chosen = [fixed_length] * len(rids) if policy is None else policy.choose(rids, k_max, context)
-        lengths = [min(k, cap) for k, cap in zip(chosen, draft_caps(remaining, k_max))]
-        probs = bad_accept if step < bad_steps else accept
-        shift = offset if step >= bad_steps else {}  # the bad start is the same for everyone
+        chosen = [self.fixed_length] * len(rids) if policy is None else policy.choose(rids, self.k_max, context)
+        lengths = [min(k, cap) for k, cap in zip(chosen, draft_caps(remaining, self.k_max))]
+        bad = self.steps < self.bad_steps
+        probs = self.bad_accept if bad else self.accept
+        shift = {} if bad else self.offset  # the bad start is the same for everyone
         accepted = [_accepted(rng, k, probs, shift.get(r, 0.0)) for r, k in zip(rids, lengths)]
         if policy is not None:
             policy.observe(rids, lengths, accepted)
-        seconds += cost.step_time(lengths, seq_lens, context.catchup_tokens(), piece_tokens)
-        plain_seconds += cost.no_draft_time(seq_lens)
-        tokens += sum(accepted) + len(rids)
-        drafting += any(lengths)
-        late += sum(lengths) if step >= steps * 3 // 4 else 0
+        outcome = StepOutcome(
+            tokens=sum(accepted) + len(rids),
+            seconds=self.cost.step_time(lengths, seq_lens, context.catchup_tokens(), self.piece_tokens),
+            plain_seconds=self.cost.no_draft_time(seq_lens),
+            drafts=sum(lengths),
+            requests=len(rids),
+        )
         for rid, k, a in zip(rids, lengths, accepted):
             state = live[rid]
             if k:
@@ -120,13 +154,56 @@ def simulate(
             if state[2] <= 0:
                 if policy is not None:
                     policy.forget(rid)
-                del live[rid], offset[rid]
+                del live[rid], self.offset[rid]
+        self.steps += 1
+        return outcome
+
+
+def simulate(cost: CostModel, config: FaserConfig, batch_size: int, *, steps: int, **server) -> SimResult:
+    """``steps`` steps at a constant ``batch_size`` (``server``: SimulatedServer's keywords)."""
+    sim = SimulatedServer(cost, config, **server)
+    drafting, late, tokens, seconds, plain_seconds = 0, 0, 0, 0.0, 0.0
+    for step in range(steps):
+        out = sim.step(batch_size)
+        tokens += out.tokens
+        seconds += out.seconds
+        plain_seconds += out.plain_seconds
+        drafting += out.drafts > 0
+        late += out.drafts if step >= steps * 3 // 4 else 0
     return SimResult(
         batch_size=batch_size,
         drafting_steps=drafting / steps,
         late_drafts=late / (steps - steps * 3 // 4),
         speedup=(tokens / seconds) / (steps * batch_size / plain_seconds),
     )
+
+
+@dataclass(frozen=True)
+class Segment:
+    steps: int
+    drafts: int  # sum of k_i over the segment
+    speedup: float  # modelled tokens/s over the segment / plain decoding's of the same batches
+
+
+def simulate_ramp(
+    cost: CostModel, config: FaserConfig, *, start: int, end: int, grow: int, warm_steps: int, hold_steps: int,
+    **server,
+) -> dict[str, Segment]:  # fmt: skip
+    """A burst: ``warm_steps`` at ``start`` requests, then ``grow`` more every step up
+    to ``end``, then ``hold_steps`` at ``end``. Returns the "ramp" and "hold" segments
+    (plain decoding's time is that of the same batches, so a segment's speed-up says
+    what the chosen lengths cost or gained against not drafting there)."""
+    sim = SimulatedServer(cost, config, **server)
+    for _ in range(warm_steps):
+        sim.step(start)
+    schedule = {"ramp": range(start + grow, end + grow, grow), "hold": [end] * hold_steps}
+    out = {}
+    for name, sizes in schedule.items():
+        steps = [sim.step(min(bs, end)) for bs in sizes]
+        tokens, seconds = sum(s.tokens for s in steps), sum(s.seconds for s in steps)
+        plain = sum(s.requests for s in steps) / sum(s.plain_seconds for s in steps)
+        out[name] = Segment(len(steps), sum(s.drafts for s in steps), (tokens / seconds) / plain)
+    return out
 
 
 def _accepted(rng: random.Random, k: int, probs: Sequence[float], offset: float = 0.0) -> int:
@@ -146,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--accept-spread", type=float, default=0.0, help="sd of each request's acceptance shift")
     p.add_argument("--bad-accept", type=float, nargs="+", default=[0.3])
     p.add_argument("--bad-steps", type=int, default=0)
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    p.add_argument("--batch-sizes", type=int, nargs="*", default=[1, 4, 16, 64])
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--k-max", type=int, default=7)
     p.add_argument("--prompt-tokens", type=int, nargs=2, default=[100, 400], metavar=("MIN", "MAX"))
@@ -157,6 +234,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-verify-tokens", type=int, default=128, help="0: no cap")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fixed-lengths", type=int, nargs="*", default=[1, 3, 5], help="fixed lengths to compare against")
+    p.add_argument("--ramp", type=int, nargs=3, default=None, metavar=("START", "END", "GROW"),
+                   help="also a burst: START requests, then GROW more per step up to END")
+    p.add_argument("--ramp-warm-steps", type=int, default=600, help="steps at START before the burst")
+    p.add_argument("--ramp-hold-steps", type=int, default=100, help="steps at END after it")
     args = p.parse_args(argv)
 
     entries = list(read_cost_entries(args.costs)[0].items())
@@ -166,26 +247,48 @@ def main(argv: list[str] | None = None) -> None:
     fixed = [k for k in args.fixed_lengths if k > 0]
     if any(k > args.k_max for k in fixed):
         p.error(f"--fixed-lengths {fixed} must be at most --k-max {args.k_max}")
-    print(
-        "| batch size | steps with drafts | drafts per step (last quarter) | modelled speed-up vs plain"
-        + (" | best fixed length (speed-up vs plain) | adaptive vs best fixed |" if fixed else " |")
-    )
-    print("|---|---|---|---|" + ("---|---|" if fixed else ""))
+    server = dict(
+        accept=args.accept, bad_accept=args.bad_accept, bad_steps=args.bad_steps, k_max=args.k_max,
+        prompt_tokens=tuple(args.prompt_tokens), output_tokens=args.output_tokens, eager_prefill=args.eager_prefill,
+        seed=args.seed, accept_spread=args.accept_spread, piece_tokens=args.catchup_piece_tokens or None,
+        max_verify_tokens=args.max_verify_tokens or None,
+    )  # fmt: skip
+    if args.batch_sizes:
+        print(
+            "| batch size | steps with drafts | drafts per step (last quarter) | modelled speed-up vs plain"
+            + (" | best fixed length (speed-up vs plain) | adaptive vs best fixed |" if fixed else " |")
+        )
+        print("|---|---|---|---|" + ("---|---|" if fixed else ""))
     for bs in tqdm(args.batch_sizes, desc="simulating", unit="batch size", leave=False):
-        run = partial(
-            simulate, cost, config, bs, accept=args.accept, bad_accept=args.bad_accept, bad_steps=args.bad_steps,
-            steps=args.steps, k_max=args.k_max, prompt_tokens=tuple(args.prompt_tokens),
-            output_tokens=args.output_tokens, eager_prefill=args.eager_prefill, seed=args.seed,
-            accept_spread=args.accept_spread,
-            piece_tokens=args.catchup_piece_tokens or None, max_verify_tokens=args.max_verify_tokens or None,
-        )  # fmt: skip
+        run = partial(simulate, cost, config, bs, steps=args.steps, **server)
         r = run()
         row = f"| {r.batch_size} | {r.drafting_steps:.1%} | {r.late_drafts:.2f} | {r.speedup:.3f}x |"
         if fixed:
             k, best = max(((k, run(fixed_length=k).speedup) for k in fixed), key=lambda kb: kb[1])
             row += f" k{k} ({best:.3f}x) | {r.speedup / best:.3f}x |"
         print(row)
-
+    if args.ramp is not None:
+        start, end, grow = args.ramp
+        if not (1 <= start < end and grow >= 1):
+            p.error(f"--ramp {start} {end} {grow}: needs 1 <= START < END and GROW >= 1")
+        ramp = partial(
+            simulate_ramp, cost, config, start=start, end=end, grow=grow, warm_steps=args.ramp_warm_steps,
+            hold_steps=args.ramp_hold_steps, **server,
+        )  # fmt: skip
+        adaptive = ramp()
+        others = {k: ramp(fixed_length=k) for k in tqdm(fixed, desc="fixed lengths", leave=False)}
+        print(f"\nburst: {start} -> {end} requests, {grow} more per step")
+        print(
+            "| segment | steps | drafts | modelled speed-up vs plain"
+            + (" | best fixed length (speed-up vs plain) | adaptive vs best fixed |" if fixed else " |")
+        )
+        print("|---|---|---|---|" + ("---|---|" if fixed else ""))
+        for name, seg in adaptive.items():
+            row = f"| {name} | {seg.steps} | {seg.drafts} | {seg.speedup:.3f}x |"
+            if fixed:
+                k, best = max(((k, o[name].speedup) for k, o in others.items()), key=lambda kb: kb[1])
+                row += f" k{k} ({best:.3f}x) | {seg.speedup / best:.3f}x |"
+            print(row)
 
 if __name__ == "__main__":
     main()

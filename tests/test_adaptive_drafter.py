@@ -768,6 +768,25 @@ def test_horizon_is_shortened_by_the_tokens_a_request_has_left():
         StepContext((1, 2), (1, 2), remaining_tokens=(5,))
 
 
+def test_a_growing_batch_shortens_the_catchup_horizon():
+    """A batch of B requests growing by g a step doubles in B / g steps: catch-ups are
+    charged over 1 / (1 / catchup_horizon + g / B) steps; at a steady or shrinking
+    batch over catchup_horizon."""
+    policy = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive", catchup_horizon=16), H200_14B)
+
+    def horizons(batch_sizes):
+        for bs in batch_sizes:
+            ctx = StepContext((300,) * bs, (0,) * bs)
+            policy.choose([f"r{i}" for i in range(bs)], 4, ctx)
+        return policy.horizons(ctx, np.zeros((bs, 4)))
+
+    np.testing.assert_allclose(horizons([4] * 5), 16)
+    np.testing.assert_allclose(horizons([6, 8, 10, 12]), 1 / (1 / 16 + 2 / 12))  # 4.4 steps
+    np.testing.assert_allclose(horizons([13]), 1 / (1 / 16 + 7 / 4 / 13))  # growth over the latest 4 steps
+    np.testing.assert_allclose(horizons([13] * 4), 16)
+    np.testing.assert_allclose(horizons([10, 8]), 16)
+
+
 def test_drafts_cut_near_max_new_tokens_are_not_priced():
     """Request a drafts well but has 2 tokens left, so the worker cuts its drafts
     (worker.cap_to_remaining); request b's mediocre drafts pay only alongside a's, whose

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from faser_sglang.config import FaserConfig
@@ -79,6 +81,43 @@ def test_fixed_length_reference(script):
     assert busy.drafting_steps > 0.95 and busy.speedup < 0.95 < run(script, 128, steps=300).speedup
 
 
+def test_burst_segments(script):
+    """A burst from 8 to 64 requests, one more per step: the ramp's steps each carry
+    one request more, the hold stays at 64, and a segment without drafts is plain
+    decoding's speed exactly. A fixed length drafts for every request through both and
+    loses to the adaptive policy there."""
+    server = dict(accept=GOOD, bad_accept=[0.3], bad_steps=0, k_max=7, prompt_tokens=(100, 400),
+                  output_tokens=256, eager_prefill=False, seed=0, accept_spread=0.13, piece_tokens=128,
+                  max_verify_tokens=128)  # fmt: skip
+    ramp = partial(script.simulate_ramp, H200_14B, FaserConfig(policy="adaptive"), start=8, end=64, grow=1,
+                   warm_steps=200, hold_steps=50, **server)  # fmt: skip
+    adaptive, fixed = ramp(), ramp(fixed_length=1)
+    assert [adaptive[s].steps for s in ("ramp", "hold")] == [56, 50]
+    assert adaptive["hold"].drafts == 0 and adaptive["hold"].speedup == 1.0
+    # k = 1 for every request but those within two tokens of their answer's end (capped
+    # to 0 there): the ramp has 9..64 requests, then 50 steps of 64.
+    assert fixed["ramp"].drafts <= sum(range(9, 65)) and fixed["hold"].drafts <= 64 * 50
+    assert fixed["hold"].drafts > 0.95 * 64 * 50
+    for seg in ("ramp", "hold"):
+        assert fixed[seg].speedup < adaptive[seg].speedup
+
+
+def test_a_burst_costs_drafting_little(script):
+    """A burst from 8 to 64 requests, one more per step: each newcomer's prompt catch-up
+    is charged over the steps the growing batch leaves it to draft (drafter.horizons),
+    so drafting through the ramp costs at most a few percent against not drafting there
+    (0.92x with the full 16-step horizon whatever the growth)."""
+    server = dict(accept=GOOD, bad_accept=[0.3], bad_steps=0, k_max=7, prompt_tokens=(100, 400),
+                  output_tokens=256, eager_prefill=False, accept_spread=0.13, piece_tokens=128,
+                  max_verify_tokens=128)  # fmt: skip
+    ramps = [
+        script.simulate_ramp(H200_14B, FaserConfig(policy="adaptive"), start=8, end=64, grow=1, warm_steps=300,
+                             hold_steps=10, seed=seed, **server)["ramp"]  # fmt: skip
+        for seed in range(4)
+    ]
+    assert np.mean([r.speedup for r in ramps]) > 0.96 and min(r.speedup for r in ramps) > 0.94
+
+
 def test_cli_prints_a_table(script, tmp_path, capsys):
     costs = tmp_path / "costs.json"
     write_cost_entry(costs, CostKey.of("NVIDIA H200", "t", "d", "flashinfer", "bfloat16"), H200_14B)
@@ -92,3 +131,12 @@ def test_cli_prints_a_table(script, tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main(["--costs", str(costs), "--k-max", "4", "--fixed-lengths", "5"])
     assert "at most --k-max 4" in capsys.readouterr().err
+    script.main(["--costs", str(costs), "--batch-sizes", "--ramp", "2", "8", "3", "--ramp-warm-steps", "20",
+                 "--ramp-hold-steps", "5", "--fixed-lengths", "1"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "| batch size |" not in out and "burst: 2 -> 8 requests, 3 more per step" in out
+    rows = [line for line in out.splitlines() if line.startswith(("| ramp |", "| hold |"))]
+    assert len(rows) == 2 and rows[0].startswith("| ramp | 2 |") and rows[1].startswith("| hold | 5 |")
+    with pytest.raises(SystemExit):
+        script.main(["--costs", str(costs), "--ramp", "8", "8", "1"])
+    assert "START < END" in capsys.readouterr().err

@@ -10,6 +10,7 @@ verify tokens are compute bound.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -29,6 +30,10 @@ from faser_sglang.spec_worker.adaptive.cost_model import (
 from faser_sglang.spec_worker.adaptive.hardware import ModelShape, gpu_spec
 from faser_sglang.spec_worker.policy import STEADY_CATCHUP, StepContext, draft_caps
 from faser_sglang.spec_worker.validation import MAX_DRAFT_LEN
+
+# Steps over which the batch's growth is measured (horizons()): short, so a burst
+# shortens the catch-up horizon within a few steps of its start.
+GROWTH_WINDOW_STEPS = 4
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +121,7 @@ class AdaptiveDrafterPolicy:
     def __init__(self, config: FaserConfig, cost_model: CostModel) -> None:
         self.cost_model = cost_model
         self.catchup_horizon = config.catchup_horizon
+        self._batch_sizes: deque[int] = deque(maxlen=GROWTH_WINDOW_STEPS + 1)  # of the latest steps
         self.acceptance = AcceptanceWindows(
             window=config.window,
             positions=MAX_DRAFT_LEN,
@@ -136,6 +142,7 @@ class AdaptiveDrafterPolicy:
             )
         if not rids:
             return []
+        self._batch_sizes.append(len(rids))
         catchup = np.asarray(context.catchup_tokens(), np.float64)  # [bs]
         gains = self.acceptance.gains(rids, k_max)  # [bs, k_max]
         # Uncapped gains: the fewest steps a request can still live (its last ones plain).
@@ -159,12 +166,23 @@ class AdaptiveDrafterPolicy:
         return list(allocation.draft_lens)
 
     def horizons(self, context: StepContext, gains: np.ndarray) -> np.ndarray:
-        """[bs] steps over which each request's catch-up backlog is charged:
-        ``catchup_horizon``, or fewer for a request that has fewer steps left. A request
-        with n tokens left to emit and gains g ([bs, K]) lives at least
-        n / (1 + sum_j g[j]) more steps (each emitting as many tokens as its longest
-        draft would, in expectation); its backlog is charged over no more than that."""
-        horizon = np.full(len(context.seq_lens), float(self.catchup_horizon))
+        """[bs] steps over which each request's catch-up backlog is charged: the steps
+        it can expect to keep drafting.
+
+        ``catchup_horizon``, shortened while the batch grows: a batch of B requests that
+        grew by g per step over the latest GROWTH_WINDOW_STEPS steps doubles in B / g
+        steps, and drafting that pays at B rarely pays at 2B, so the horizon is
+        1 / (1 / catchup_horizon + g / B) (16 steps at a steady batch; 4.4 at 12 requests
+        growing by 2 a step). Without it a burst arriving while requests draft makes
+        every newcomer's prompt catch-up look cheap, charged over 16 steps of drafting
+        that the growing batch soon switches off (scripts/simulate_policy.py --ramp).
+        Fewer still for a request that has fewer steps left: with n tokens left to emit
+        and gains g ([bs, K]) it lives at least n / (1 + sum_j g[j]) more steps (each
+        emitting as many tokens as its longest draft would, in expectation)."""
+        bs = len(context.seq_lens)
+        sizes = self._batch_sizes  # of the latest steps, this one's last
+        growth = max(sizes[-1] - sizes[0], 0) / (len(sizes) - 1) if len(sizes) > 1 else 0.0  # requests per step
+        horizon = np.full(bs, 1.0 / (1.0 / self.catchup_horizon + growth / bs))
         if context.remaining_tokens is not None:
             left = np.array([np.inf if n is None else n for n in context.remaining_tokens], np.float64)
             horizon = np.clip(left / (1.0 + gains.sum(axis=1)), 1.0, horizon)
