@@ -91,3 +91,16 @@ def read_trace(path: Path) -> list[dict]:
 def catchup_gaps(steps: list[dict]) -> list[int]:
     """Committed tokens the draft had not seen, per drafting request-step of a trace."""
     return [n - d for s in steps for n, d, k in zip(s["seq_lens"], s["draft_kv_lens"], s["draft_lens"]) if k > 0]
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module (registered in sys.modules: its dataclasses look
+    their module up there)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -3,26 +3,18 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import H200_14B
+from conftest import H200_14B, load_script
 from faser_sglang.spec_worker.adaptive import CostKey, write_cost_entry
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("check_costs", REPO / "scripts" / "check_costs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("check_costs")
 
 
 def record(draft_lens, seq_len, lag, seconds, ended, phases=True):

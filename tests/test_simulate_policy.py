@@ -2,29 +2,21 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from functools import partial
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from faser_sglang.config import FaserConfig
-from conftest import H200_14B
+from conftest import H200_14B, load_script
 from faser_sglang.spec_worker.adaptive import CostKey, write_cost_entry
 
-REPO = Path(__file__).resolve().parents[1]
 GOOD = [0.61, 0.54, 0.64, 0.55]  # SGLang STANDALONE's acceptance with that pair on HumanEval
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("simulate_policy", REPO / "scripts" / "simulate_policy.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script("simulate_policy")
 
 
 def run(script, batch_size, config=FaserConfig(policy="adaptive"), **overrides):
