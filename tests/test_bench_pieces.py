@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import json
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -221,6 +223,44 @@ def test_ratios_to_baseline_and_best_of_group(tmp_path):
         report.build_report(records, baseline="missing")
     with pytest.raises(ValueError):
         report.build_report(records, groups={"g": ["standalone-k9"]})
+
+
+def test_bursts_are_runs_of_peak_arrivals_and_the_cli_rebuilds_the_table(tmp_path, capsys):
+    """Each run of consecutive peak-phase arrivals is a burst, reported apart (served
+    throughput over its first arrival to its last completion, ratios to the baseline's
+    and the best fixed length's same burst); ``python -m ...report`` rebuilds table.md
+    from a run's gzipped requests."""
+    phase_at = ["valley"] * 2 + ["peak"] * 3 + ["valley"] * 2 + ["peak"] * 4  # arrivals 0..10 s
+
+    def run(contender, e2e):
+        return [RequestRecord(contender, f"r{i}", float(i), 0.1, e2e, 100, 0.01, phase=ph)
+                for i, ph in enumerate(phase_at)]  # fmt: skip
+
+    records = run("no-spec", 2.0) + run("standalone-k1", 4.0) + run("standalone-k3", 3.0) + run("faser-ad", 1.0)
+    rep = report.build_report(records, groups=report.fixed_length_groups(dict.fromkeys(r.contender for r in records)))
+    faser = next(s for s in rep.summaries if s.contender == "faser-ad")
+    assert [b.requests for b in faser.bursts] == [3, 4]
+    # Burst 2: arrivals 7..10 s, the last done at 10 + e2e.
+    assert faser.bursts[1].served_throughput == pytest.approx(400 / 4.0)
+    lines = rep.burst_table().strip().splitlines()
+    assert lines[0] == ("| burst | contender | requests | served tok/s | served vs no-spec | served vs standalone-k3 "
+                        "| TTFT p50/p99 ms | TPOT p50/p99 ms |")  # fmt: skip
+    assert len(lines) == 2 + 2 * 4
+    assert f"| 2 | faser-ad | 4 | 100.0 | {5 / 4:.2f}x | {6 / 4:.2f}x | 100 / 100 |" in rep.burst_table()
+    assert "Per burst:" in rep.markdown() and "Per load phase:" in rep.markdown()
+    one_burst = [r for r in records if r.arrival < 7]
+    single = report.build_report(one_burst)
+    assert single.burst_table() == "" and "Per burst" not in single.markdown()
+
+    path = tmp_path / "requests.jsonl.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(asdict(r)) + "\n" for r in records)
+    assert report.read_records(path) == records
+    assert report.main([str(path)]) == 0
+    assert capsys.readouterr().out == rep.markdown()
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(SystemExit):
+        report.main([str(tmp_path / "empty.jsonl")])
 
 
 def test_report_plots_are_pngs(tmp_path):

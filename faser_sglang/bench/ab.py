@@ -239,9 +239,7 @@ def greedy_mismatches(runs: Sequence[ContenderRun]) -> dict[str, int]:
 def build(args: argparse.Namespace, runs: list[ContenderRun], trace, reqs) -> rep.Report:
     recs = [x for r in runs for x in records(r, trace, reqs)]
     wins = [w for r in runs for w in windows(r, trace)]
-    standalone = [r.name for r in runs if r.name.startswith("standalone-k")]
-    groups = {"best STANDALONE": standalone} if standalone else {}
-    report = rep.build_report(recs, wins, baseline=runs[0].name, groups=groups)
+    report = rep.build_report(recs, wins, baseline=runs[0].name, groups=rep.fixed_length_groups(r.name for r in runs))
     rep.plot_over_time(recs, wins, args.out / "over_time.png", peak_spans=trace.schedule.spans("peak"))
     return report
 
@@ -280,8 +278,7 @@ def write_outputs(
     with (args.out / "requests.jsonl").open("w") as f:  # the records every number above comes from
         for run in runs:
             f.writelines(json.dumps(asdict(x)) + "\n" for x in records(run, main_replay.trace, main_replay.reqs))
-    phases = report.phase_table()
-    (args.out / "table.md").write_text(report.markdown_table() + (f"\nPer load phase:\n\n{phases}" if phases else ""))
+    (args.out / "table.md").write_text(report.markdown())
     meta = {
         "args": {k: str(v) for k, v in vars(args).items()},
         "requests": len(main_replay.reqs),

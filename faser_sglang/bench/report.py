@@ -13,6 +13,8 @@ fixed draft length" is read off the table rather than cherry-picked.
 
 from __future__ import annotations
 
+import argparse
+import gzip
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -95,6 +97,8 @@ class ContenderSummary:
     e2e: Percentiles
     accept_length: Optional[float]  # all output tokens / all verify steps
     phases: dict[str, PhaseSummary]
+    # Each burst of a bursty trace (a run of peak-phase arrivals), in arrival order.
+    bursts: tuple[PhaseSummary, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,44 @@ class Report:
                 rows.append(row)
         return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
 
+    def burst_table(self) -> str:
+        """One row per burst and contender, with the served throughput of the burst's
+        requests as a ratio to the baseline's and each group best's in the same burst.
+        Empty with fewer than two bursts (the phase table has the one).
+
+        Bursts differ: one that stays under the running-request cap and one that holds
+        the server at it test different things, and the peak phase pools them."""
+        count = max((len(s.bursts) for s in self.summaries), default=0)
+        if count < 2:
+            return ""
+        by_name = {s.contender: s for s in self.summaries}
+        refs = [self.baseline, *self.best_of.values()]
+        header = ["burst", "contender", "requests", "served tok/s", *(f"served vs {r}" for r in refs),
+                  "TTFT p50/p99 ms", "TPOT p50/p99 ms"]  # fmt: skip
+        rows = [header, ["---"] * len(header)]
+        for b in range(count):
+            for s in self.summaries:
+                if b >= len(s.bursts):
+                    continue
+                burst = s.bursts[b]
+                row = [str(b + 1), s.contender, str(burst.requests), _num(burst.served_throughput, "{:.1f}")]
+                for r in refs:
+                    ref = by_name[r].bursts[b] if b < len(by_name[r].bursts) else None
+                    ok = burst.served_throughput is not None and ref is not None and ref.served_throughput
+                    row.append(f"{burst.served_throughput / ref.served_throughput:.2f}x" if ok else "-")
+                row += [_ms(burst.ttft, "{:.0f}"), _ms(burst.tpot, "{:.1f}")]
+                rows.append(row)
+        return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
+
+    def markdown(self) -> str:
+        """table.md: the contender table, then per load phase and per burst where the
+        trace has them."""
+        out = self.markdown_table()
+        for title, table in (("Per load phase", self.phase_table()), ("Per burst", self.burst_table())):
+            if table:
+                out += f"\n{title}:\n\n{table}"
+        return out
+
 
 def _num(value: Optional[float], fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
@@ -232,6 +274,21 @@ def build_report(
     references = {baseline: by_name[baseline], **{label: by_name[m] for label, m in best_of.items()}}
     table = {s.contender: {label: ratios(s, ref) for label, ref in references.items()} for s in summaries}
     return Report(tuple(summaries), baseline, best_of, table)
+
+
+def fixed_length_groups(contenders: Iterable[str]) -> dict[str, list[str]]:
+    """build_report's ``groups`` for an A/B run: the fixed-length STANDALONE contenders
+    (``standalone-k<N>``), when it has any."""
+    standalone = [name for name in contenders if name.startswith("standalone-k")]
+    return {"best STANDALONE": standalone} if standalone else {}
+
+
+def read_records(path: Union[str, Path]) -> list[RequestRecord]:
+    """The records of an A/B run's requests.jsonl (or .jsonl.gz)."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [RequestRecord(**json.loads(line)) for line in f if line.strip()]
 
 
 def plot_over_time(
@@ -323,6 +380,7 @@ def _summarize_one(name: str, records: list[RequestRecord], windows: list[Window
         e2e=Percentiles.of([r.e2e for r in records]),
         accept_length=_accept_length(records),
         phases=_phases(records, windows),
+        bursts=tuple(_slice_summary(b) for b in _bursts(records)),
     )
 
 
@@ -349,16 +407,37 @@ def _phases(records: list[RequestRecord], windows: list[WindowSample]) -> dict[s
     samples = _group(windows, lambda w: w.phase)
     out = {}
     for phase in sorted({*recs, *samples}):
-        rs, ws = recs.get(phase, []), samples.get(phase, [])
-        out[phase] = PhaseSummary(
-            requests=len(rs),
-            served_throughput=_served_throughput(rs),
-            # Windows are equally long, so their mean is tokens generated / time in phase.
-            throughput=float(np.mean([w.throughput for w in ws])) if ws else None,
-            ttft=Percentiles.of([r.ttft for r in rs]) if rs else None,
-            tpot=_tpot(rs),
-        )
+        ws = samples.get(phase, [])
+        # Windows are equally long, so their mean is tokens generated / time in phase.
+        out[phase] = _slice_summary(recs.get(phase, []), float(np.mean([w.throughput for w in ws])) if ws else None)
     return out
+
+
+def _slice_summary(records: list[RequestRecord], window_throughput: Optional[float] = None) -> PhaseSummary:
+    """A phase's or a burst's requests summarized (``window_throughput``: the mean
+    window throughput where the slice has windows)."""
+    return PhaseSummary(
+        requests=len(records),
+        served_throughput=_served_throughput(records),
+        throughput=window_throughput,
+        ttft=Percentiles.of([r.ttft for r in records]) if records else None,
+        tpot=_tpot(records),
+    )
+
+
+def _bursts(records: list[RequestRecord]) -> list[list[RequestRecord]]:
+    """The runs of consecutive peak-phase arrivals in ``records`` (one contender's), in
+    arrival order. Contenders replay the same arrivals, so burst n is the same
+    requests for each."""
+    runs: list[list[RequestRecord]] = []
+    previous = None
+    for r in sorted(records, key=lambda r: r.arrival):
+        if r.phase == "peak":
+            if previous != "peak":
+                runs.append([])
+            runs[-1].append(r)
+        previous = r.phase
+    return runs
 
 
 def _served_throughput(records: list[RequestRecord]) -> Optional[float]:
@@ -405,3 +484,24 @@ def _save(fig: Figure, path: Union[str, Path]) -> Path:
     path = Path(path)
     fig.savefig(path, dpi=110)
     return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Print an A/B run's table.md again from its requests (e.g. a results directory's
+    requests.jsonl.gz), with this version's tables."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("requests", type=Path, help="requests.jsonl or requests.jsonl.gz of an A/B run")
+    p.add_argument("--baseline", help="contender the ratios are to (default: the first in the file)")
+    args = p.parse_args(argv)
+    records = read_records(args.requests)
+    if not records:
+        p.error(f"{args.requests} has no requests")
+    names = list(dict.fromkeys(r.contender for r in records))
+    report = build_report(records, baseline=args.baseline or names[0], groups=fixed_length_groups(names))
+    print(report.markdown(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
+
