@@ -11,7 +11,6 @@ from conftest import H200_14B, load_script
 from faser_sglang.spec_worker.adaptive import CostKey, write_cost_entry
 
 
-
 @pytest.fixture(scope="module")
 def script():
     return load_script("check_costs")

@@ -173,10 +173,7 @@ class Report:
                 if ph is None:
                     continue
                 row = [phase, s.contender, str(ph.requests), _num(ph.served_throughput, "{:.1f}")]
-                for r in refs:
-                    ref = by_name[r].phases.get(phase)
-                    ok = ph.served_throughput is not None and ref is not None and ref.served_throughput
-                    row.append(f"{ph.served_throughput / ref.served_throughput:.2f}x" if ok else "-")
+                row += _served_ratios(ph, [by_name[r].phases.get(phase) for r in refs])
                 row += [_num(ph.throughput, "{:.1f}"), _ms(ph.ttft, "{:.0f}"), _ms(ph.tpot, "{:.1f}")]
                 rows.append(row)
         return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
@@ -202,10 +199,8 @@ class Report:
                     continue
                 burst = s.bursts[b]
                 row = [str(b + 1), s.contender, str(burst.requests), _num(burst.served_throughput, "{:.1f}")]
-                for r in refs:
-                    ref = by_name[r].bursts[b] if b < len(by_name[r].bursts) else None
-                    ok = burst.served_throughput is not None and ref is not None and ref.served_throughput
-                    row.append(f"{burst.served_throughput / ref.served_throughput:.2f}x" if ok else "-")
+                same = [by_name[r].bursts[b] if b < len(by_name[r].bursts) else None for r in refs]
+                row += _served_ratios(burst, same)
                 row += [_ms(burst.ttft, "{:.0f}"), _ms(burst.tpot, "{:.1f}")]
                 rows.append(row)
         return "\n".join("| " + " | ".join(row) + " |" for row in rows) + "\n"
@@ -218,6 +213,16 @@ class Report:
             if table:
                 out += f"\n{title}:\n\n{table}"
         return out
+
+
+def _served_ratios(part: PhaseSummary, refs: Sequence[Optional[PhaseSummary]]) -> list[str]:
+    """Table cells: ``part``'s served throughput over each reference's same slice ("-"
+    where either has none)."""
+    cells = []
+    for ref in refs:
+        ok = part.served_throughput is not None and ref is not None and ref.served_throughput
+        cells.append(f"{part.served_throughput / ref.served_throughput:.2f}x" if ok else "-")
+    return cells
 
 
 def _num(value: Optional[float], fmt: str) -> str:
@@ -504,4 +509,3 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
