@@ -23,7 +23,7 @@ from sglang.srt.model_executor.forward_batch_info import (
 )
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-from faser_sglang.tensors import device_tensor, to_device
+from faser_sglang.tensors import device_tensor
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ def _select_rows(batch: ScheduleBatch, sel: Optional[RowSelection]) -> ScheduleB
 def _set_lengths(view: ScheduleBatch, seq_lens_cpu: Sequence[int], device) -> None:
     seq_lens_t = torch.tensor(list(seq_lens_cpu), dtype=torch.int64)
     view.seq_lens_cpu = seq_lens_t
-    view.seq_lens = to_device(seq_lens_t, device)
+    view.seq_lens = seq_lens_t.to(device, non_blocking=True)
     view.orig_seq_lens = view.seq_lens.to(torch.int32)
     view.seq_lens_sum = int(seq_lens_t.sum())
 

@@ -49,13 +49,13 @@ class TokenHistory:
         if total:
             # One host-to-device copy of every fill id; rows and positions are expanded
             # on the device (output_size given, so repeat_interleave does not sync).
-            values = device_tensor(itertools.chain.from_iterable(fills), device, torch.int32)  # [total]
+            values = torch.tensor(list(itertools.chain.from_iterable(fills)), dtype=torch.int32)
             lens = device_tensor([len(f) for f in fills], device)  # [n]
             firsts = torch.cumsum(lens, 0) - lens  # [n] flat index of each request's position 0
             flat = torch.arange(total, device=device)  # [total]
             positions = flat - torch.repeat_interleave(firsts, lens, output_size=total)
             rows = torch.repeat_interleave(batch.req_pool_indices, lens, output_size=total)  # [total]
-            self.ids[rows, positions] = values
+            self.ids[rows, positions] = values.to(device, non_blocking=True)
         self.ids[batch.req_pool_indices, batch.seq_lens] = first_tokens.to(torch.int32)
 
     def write_step(

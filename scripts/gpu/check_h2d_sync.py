@@ -24,9 +24,9 @@ SIZES = (8, 512, 16384)
 ROUNDS = 5
 
 COPIES: dict[str, Callable[[list[int]], torch.Tensor]] = {
-    "pageable, non_blocking": lambda v: torch.tensor(v, dtype=torch.int64).to("cuda", non_blocking=True),
+    "device_tensor (pageable, non_blocking)": lambda v: device_tensor(v, "cuda"),
     "pageable, blocking": lambda v: torch.tensor(v, dtype=torch.int64).to("cuda"),
-    "device_tensor (pinned, non_blocking)": lambda v: device_tensor(v, "cuda"),
+    "pinned, non_blocking": lambda v: torch.tensor(v, dtype=torch.int64, pin_memory=True).to("cuda", non_blocking=True),
 }
 
 

@@ -1,0 +1,79 @@
+"""Where a scheduler process spends its main loop's time, from py-spy raw stacks.
+
+    python scripts/spy_summary.py spy-<pid>.txt [...]   # with spy-<pid>.cmd beside each
+
+Reads py-spy's ``--format raw`` output (one line per distinct stack, ``frame;frame;...
+count``, outermost frame first; recorded with ``--idle``, so a host waiting for the GPU
+is counted where it waits) and keeps the stacks under SGLang's event loop: the
+scheduler's main thread, not its helper threads. Prints, per file, the functions'
+inclusive and self shares of those samples (markdown), the contender named from the
+server command line in the ``.cmd`` file beside it.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+LOOP = "event_loop"  # event_loop_overlap / event_loop_normal
+FRAME = re.compile(r"^(?P<func>[^ ]+) \((?P<file>[^:)]+)(?::\d+)?\)$")
+
+
+def function_name(frame: str) -> str:
+    """``run_batch (/x/sglang/srt/managers/scheduler.py:3563)`` -> ``run_batch (scheduler.py)``."""
+    m = FRAME.match(frame.strip())
+    if m is None:
+        return frame.strip()
+    return f"{m['func']} ({Path(m['file']).name})"
+
+
+def loop_stacks(text: str) -> list[tuple[list[str], int]]:
+    """The stacks under the event loop, each from the loop's frame inward, with its count."""
+    out = []
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [function_name(f) for f in stack.split(";")]
+        start = next((i for i, f in enumerate(frames) if f.startswith(LOOP)), None)
+        if start is not None:
+            out.append((frames[start:], int(count)))
+    return out
+
+
+def shares(stacks: list[tuple[list[str], int]]) -> tuple[int, Counter, Counter]:
+    """(total samples, inclusive samples per function, self samples per function)."""
+    total, inclusive, own = 0, Counter(), Counter()
+    for frames, count in stacks:
+        total += count
+        for name in set(frames):
+            inclusive[name] += count
+        own[frames[-1]] += count
+    return total, inclusive, own
+
+
+def contender(cmd: str) -> str:
+    m = re.search(r"--speculative-algorithm (\S+)", cmd)
+    if m is None:
+        return "no-spec"
+    steps = re.search(r"--speculative-num-steps (\d+)", cmd)
+    return m[1].lower() + (f" k{steps[1]}" if steps else "")
+
+
+def report(path: Path, top: int = 25) -> str:
+    cmd_file = path.with_suffix(".cmd")
+    name = contender(cmd_file.read_text()) if cmd_file.exists() else "?"
+    total, inclusive, own = shares(loop_stacks(path.read_text(errors="replace")))
+    lines = [f"### {path.name}: {name}, {total} event-loop samples", ""]
+    if not total:
+        return "\n".join(lines)
+    lines += ["| function | inclusive % | self % |", "|---|---|---|"]
+    for func, n in inclusive.most_common(top):
+        lines.append(f"| {func} | {100 * n / total:.1f} | {100 * own[func] / total:.1f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print("\n\n".join(report(Path(a)) for a in sys.argv[1:]))
