@@ -1,23 +1,27 @@
 """Where a scheduler process spends its main loop's time, from py-spy raw stacks.
 
-    python scripts/spy_summary.py spy-<pid>.txt [...]   # with spy-<pid>.cmd beside each
+    python scripts/spy_summary.py [--exclude SUBSTRING ...] spy-<pid>.txt[.gz] [...]
 
+(with spy-<pid>.cmd beside each).
 Reads py-spy's ``--format raw`` output (one line per distinct stack, ``frame;frame;...
 count``, outermost frame first; recorded with ``--idle``, so a host waiting for the GPU
 is counted where it waits) and keeps the stacks under SGLang's event loop: the
 scheduler's main thread, not its helper threads. Prints, per file, the functions'
 inclusive and self shares of those samples (markdown), the contender named from the
-server command line in the ``.cmd`` file beside it.
+server command line in the ``.cmd`` file beside it. ``--exclude`` drops the stacks
+with a frame that contains any of the given strings (e.g. ``_do_compile JitSpec.build``:
+a fresh machine's first kernel compiles, which run inside the loop).
 """
 
 from __future__ import annotations
 
+import argparse
+import gzip
 import re
-import sys
 from collections import Counter
 from pathlib import Path
 
-LOOP = "event_loop"  # event_loop_overlap / event_loop_normal
+LOOP = "event_loop"  # Scheduler.event_loop_overlap / Scheduler.event_loop_normal
 FRAME = re.compile(r"^(?P<func>[^ ]+) \((?P<file>[^:)]+)(?::\d+)?\)$")
 
 
@@ -29,15 +33,15 @@ def function_name(frame: str) -> str:
     return f"{m['func']} ({Path(m['file']).name})"
 
 
-def loop_stacks(text: str) -> list[tuple[list[str], int]]:
+def loop_stacks(text: str, exclude: tuple[str, ...] = ()) -> list[tuple[list[str], int]]:
     """The stacks under the event loop, each from the loop's frame inward, with its count."""
     out = []
     for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
+        if not stack or not count.isdigit() or any(x in stack for x in exclude):
             continue
         frames = [function_name(f) for f in stack.split(";")]
-        start = next((i for i, f in enumerate(frames) if f.startswith(LOOP)), None)
+        start = next((i for i, f in enumerate(frames) if f.split(" ")[0].rsplit(".", 1)[-1].startswith(LOOP)), None)
         if start is not None:
             out.append((frames[start:], int(count)))
     return out
@@ -62,10 +66,12 @@ def contender(cmd: str) -> str:
     return m[1].lower() + (f" k{steps[1]}" if steps else "")
 
 
-def report(path: Path, top: int = 25) -> str:
-    cmd_file = path.with_suffix(".cmd")
+def report(path: Path, exclude: tuple[str, ...] = (), top: int = 25) -> str:
+    cmd_file = path.parent / (path.name.removesuffix(".gz").removesuffix(".txt") + ".cmd")
     name = contender(cmd_file.read_text()) if cmd_file.exists() else "?"
-    total, inclusive, own = shares(loop_stacks(path.read_text(errors="replace")))
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", errors="replace") as f:
+        total, inclusive, own = shares(loop_stacks(f.read(), exclude))
     lines = [f"### {path.name}: {name}, {total} event-loop samples", ""]
     if not total:
         return "\n".join(lines)
@@ -76,4 +82,8 @@ def report(path: Path, top: int = 25) -> str:
 
 
 if __name__ == "__main__":
-    print("\n\n".join(report(Path(a)) for a in sys.argv[1:]))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--exclude", nargs="*", default=[])
+    args = parser.parse_args()
+    print("\n\n".join(report(p, tuple(args.exclude)) for p in args.files))

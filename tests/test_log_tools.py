@@ -47,9 +47,9 @@ def test_prefill_table_gives_percentiles_and_marks_short_logs(gaps, tmp_path: Pa
 
 
 RAW = """\
-<module> (/s/launch_server.py:10);run_scheduler_process (/s/scheduler.py:40);event_loop_overlap (/s/scheduler.py:1763);run_batch (/s/scheduler.py:3594);forward_batch_generation (/f/worker.py:128) 30
-<module> (/s/launch_server.py:10);run_scheduler_process (/s/scheduler.py:40);event_loop_overlap (/s/scheduler.py:1773);pop_and_process (/s/scheduler.py:1725);synchronize (/t/streams.py:88) 60
-<module> (/s/launch_server.py:10);run_scheduler_process (/s/scheduler.py:40);event_loop_overlap (/s/scheduler.py:1732);recv_requests (/s/io.py:5) 10
+<module> (/s/launch_server.py:10);run_scheduler_process (/s/scheduler.py:40);dispatch_event_loop (/s/scheduler.py:4795);Scheduler.event_loop_overlap (/s/scheduler.py:1763);Scheduler.run_batch (/s/scheduler.py:3594);forward_batch_generation (/f/worker.py:128) 30
+<module> (/s/launch_server.py:10);run_scheduler_process (/s/scheduler.py:40);dispatch_event_loop (/s/scheduler.py:4795);Scheduler.event_loop_overlap (/s/scheduler.py:1773);pop_and_process (/s/scheduler.py:1725);synchronize (/t/streams.py:88) 60
+<module> (/s/launch_server.py:10);run_scheduler_process (/s/scheduler.py:40);dispatch_event_loop (/s/scheduler.py:4795);Scheduler.event_loop_overlap (/s/scheduler.py:1732);recv_requests (/s/io.py:5) 10
 _bootstrap (/p/threading.py:1);run (/s/watchdog.py:3);sleep (/p/time.py:1) 500
 """
 
@@ -57,9 +57,9 @@ _bootstrap (/p/threading.py:1);run (/s/watchdog.py:3);sleep (/p/time.py:1) 500
 def test_spy_summary_keeps_the_event_loop_and_shares_by_function(spy, tmp_path: Path):
     total, inclusive, own = spy.shares(spy.loop_stacks(RAW))
     assert total == 100  # the watchdog thread's samples are not the loop's
-    assert inclusive["event_loop_overlap (scheduler.py)"] == 100
-    assert inclusive["run_batch (scheduler.py)"] == 30
-    assert own["synchronize (streams.py)"] == 60 and own["event_loop_overlap (scheduler.py)"] == 0
+    assert inclusive["Scheduler.event_loop_overlap (scheduler.py)"] == 100
+    assert inclusive["Scheduler.run_batch (scheduler.py)"] == 30
+    assert own["synchronize (streams.py)"] == 60 and own["Scheduler.event_loop_overlap (scheduler.py)"] == 0
     path = tmp_path / "spy-7.txt"
     path.write_text(RAW)
     path.with_suffix(".cmd").write_text("python -m sglang.launch_server --speculative-algorithm FASER --x 1")
@@ -72,3 +72,14 @@ def test_spy_contender_names(spy):
     assert spy.contender("python -m sglang.launch_server --model-path m") == "no-spec"
     cmd = "x --speculative-algorithm STANDALONE --speculative-num-steps 3 --y"
     assert spy.contender(cmd) == "standalone k3"
+
+
+def test_spy_summary_reads_gzip_and_excludes_stacks(spy, tmp_path: Path):
+    import gzip
+
+    path = tmp_path / "spy-9.txt.gz"
+    with gzip.open(path, "wt") as f:
+        f.write(RAW)
+    (tmp_path / "spy-9.cmd").write_text("python -m sglang.launch_server --model-path m")
+    text = spy.report(path, exclude=("synchronize",))
+    assert text.startswith("### spy-9.txt.gz: no-spec, 40 event-loop samples")

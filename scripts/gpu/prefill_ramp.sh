@@ -2,10 +2,12 @@
 # Back-to-back prefills on shape twins of the cost-faithful pair (the pair's widths, 2
 # layers, so a forward's GPU time is small and an iteration's time is mostly the host's):
 # no-spec against FASER (adaptive policy, lazy draft prefill), each served a closed loop
-# of 2-token requests; py-spy samples every scheduler process (idle included, raw
-# stacks). Leaves the server logs (sglang-*.log, in start order) and spy-<pid>.txt
-# under $OUT; scripts/prefill_gaps.py reads the logs. One device call on a fresh machine
-# (carry .bundle/sglang-gpu.tar.xz), ~5 min.
+# of 2-token requests; py-spy samples every scheduler process (spy_schedulers.sh).
+# Leaves under $OUT the server logs (server-N.log, in start order) with their prefill
+# intervals (prefill-gaps.md, scripts/prefill_gaps.py) and the schedulers' stacks with
+# their event-loop profiles (spy-summary.md, scripts/spy_summary.py; the first
+# requests' kernel compiles left out). One device call on a fresh machine (carry
+# .bundle/sglang-gpu.tar.xz), ~6.5 min.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/env.sh
@@ -21,16 +23,7 @@ if [[ ! -d $TWINS/draft ]]; then
   python3 scripts/build_models.py widen $TINY/target $TWINS/draft $(preset draft) >/dev/null
 fi
 echo '{"policy": "adaptive"}' > "$OUT/faser.json"
-(
-  while true; do
-    for pid in $(pgrep -f 'sglang::scheduler' || true); do
-      [[ -e $OUT/spy-$pid.started ]] && continue
-      touch "$OUT/spy-$pid.started"
-      py-spy record --pid "$pid" --duration 900 --rate 250 --format raw --idle -o "$OUT/spy-$pid.txt" >/dev/null 2>&1 &
-    done
-    sleep 1
-  done
-) &
+bash scripts/gpu/spy_schedulers.sh "$OUT" &
 SPY=$!
 rm -f /tmp/sglang-*.log
 FASER_CONFIG=$OUT/faser.json python3 -m faser_sglang.bench.quick --target $TWINS/target --draft $TWINS/draft \
@@ -43,3 +36,5 @@ sleep 3  # py-spy writes its file when the server it samples exits
 i=0
 for log in $(ls -tr /tmp/sglang-*.log); do cp "$log" "$OUT/server-$i.log"; i=$((i + 1)); done
 python3 scripts/prefill_gaps.py "$OUT"/server-*.log | tee "$OUT/prefill-gaps.md"
+python3 scripts/spy_summary.py --exclude _do_compile JitSpec.build compile launch_metadata -- "$OUT"/spy-*.txt \
+  > "$OUT/spy-summary.md"
