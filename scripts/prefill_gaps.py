@@ -2,12 +2,12 @@
 
     python scripts/prefill_gaps.py server.log [server.log ...]
 
-SGLang logs a prefill batch when it schedules it, with ``#new-token`` and ``input
-throughput`` = new tokens / seconds since the previous prefill's log line; their
-ratio is that interval. Between two prefills with nothing in between it is one
-scheduler iteration: on the overlap schedule the host's work for a batch plus any
-wait for the GPU. Prints, per log, the interval's percentiles (markdown); the low
-percentiles are the back-to-back prefills.
+SGLang logs a prefill batch when it has processed the batch's result (its first
+tokens), with ``#new-token`` and ``input throughput`` = new tokens / seconds since the
+previous prefill's log line; their ratio is that interval. Between two prefills with
+nothing in between it is one scheduler iteration: on the overlap schedule the host's
+work for the next batch plus its wait for this one's forward. Prints, per log, the
+interval's percentiles (markdown); the low percentiles are the back-to-back prefills.
 """
 
 from __future__ import annotations
