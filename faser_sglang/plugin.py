@@ -5,7 +5,9 @@ SGLang runs every ``sglang.srt.plugins`` entry point once per process
 ``--speculative-algorithm FASER`` resolves everywhere through SGLang's own
 registry. Hooks, through SGLang's HookRegistry: the target model captures its decode
 CUDA graphs as a plain decoder's instead of for EAGLE-style verification, and
-requests are checked before they reach the scheduler (``faser_sglang.request_guard``).
+requests are checked before they reach the scheduler (``faser_sglang.request_guard``);
+with ``FASER_SCHED_TIMELINE`` set, the scheduler loop's host timeline is recorded, in
+any server (``faser_sglang.sched_timeline``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from faser_sglang import request_guard
+from faser_sglang import request_guard, sched_timeline
 from faser_sglang.spec_worker import validation
 
 ALGORITHM_NAME = "FASER"
@@ -90,6 +92,9 @@ def register() -> None:
     HookRegistry.register(CAPTURE_CUDA_GRAPHS, _target_graphs_as_plain_decoder, HookType.AROUND)
     HookRegistry.register(request_guard.TOKENIZE_STEP, request_guard.guard_tokenize, HookType.AROUND)
     HookRegistry.register(request_guard.VALIDATE_STEP, request_guard.guard_validate, HookType.AROUND)
+    if sched_timeline.timeline_dir() is not None:
+        for target, hook in sched_timeline.hooks():
+            HookRegistry.register(target, hook, HookType.AROUND)
 
 
 def _registered() -> bool:

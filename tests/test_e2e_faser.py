@@ -16,7 +16,8 @@ import requests
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from conftest import catchup_gaps, read_trace, write_faser_config
+from conftest import catchup_gaps, load_script, read_trace, write_faser_config
+from faser_sglang.sched_timeline import TIMELINE_ENV
 from fuzz_utils import faser_flags
 from server_utils import generate, launch_server
 
@@ -47,8 +48,14 @@ def launch_faser(target, draft, env: dict[str, str], *extra_args: str):
 
 
 @pytest.fixture(scope="module")
-def nospec(tiny_models):
-    with launch_server(tiny_models.target) as server:
+def timelines(tmp_path_factory):
+    """Each module server records its scheduler loop's host timeline here (sched_timeline.py)."""
+    return tmp_path_factory.mktemp("timelines")
+
+
+@pytest.fixture(scope="module")
+def nospec(tiny_models, timelines):
+    with launch_server(tiny_models.target, env={TIMELINE_ENV: str(timelines / "nospec")}) as server:
         yield server
 
 
@@ -58,8 +65,9 @@ def faser_trace(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def faser(tiny_models, faser_trace, tmp_path_factory):
+def faser(tiny_models, faser_trace, tmp_path_factory, timelines):
     env = write_faser_config(tmp_path_factory.mktemp("cfg") / "faser.json", trace_path=str(faser_trace))
+    env[TIMELINE_ENV] = str(timelines / "faser")
     with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
         yield server
 
@@ -81,6 +89,25 @@ def test_greedy_equals_no_speculation_with_varying_lengths(nospec, faser, faser_
     assert all(0 <= k <= K_MAX for s in steps for k in s["draft_lens"])
     assert all(0 <= a <= k for s in steps for a, k in zip(s["num_accepted"], s["draft_lens"]))
     assert "overlap schedule=True" in faser.log_tail(2_000_000)  # SGLang's default schedule
+
+
+def test_scheduler_timeline_records_both_servers(nospec, faser, timelines):
+    """FASER_SCHED_TIMELINE traces any server's scheduler loop, FASER's and no-spec's."""
+    generate(nospec.base_url, PROMPTS[:4], GREEDY)
+    generate(faser.base_url, PROMPTS[:4], GREEDY)
+    script = load_script("sched_timeline")
+    for name, algorithm in (("nospec", None), ("faser", "FASER")):
+        (path,) = (timelines / name).glob("sched-*.jsonl")
+        header = read_trace(path)[0]
+        assert header["header"] and header["speculative_algorithm"] == algorithm and header["overlap"]
+        timeline = script.load(path)
+        assert {r["fn"] for r in timeline.records} == set(script.CALLS)
+        stats = script.iteration_stats(timeline.records)
+        assert {"prefill", "decode"} <= set(stats)
+        assert sum(stats["decode"].call_ms.values()) <= sum(stats["decode"].iteration_ms)
+        launches = [r for r in timeline.records if r["fn"] == "run_batch" and r["mode"] == "prefill"]
+        assert all(r["tokens"] > 0 and r["bs"] > 0 for r in launches)
+    assert "| faser k4 (" in script.table([script.load(p) for p in script.files([timelines / "faser"])])
 
 
 def test_synchronous_schedule_is_lossless(nospec, tiny_models, tmp_path):

@@ -83,3 +83,55 @@ def test_spy_summary_reads_gzip_and_excludes_stacks(spy, tmp_path: Path):
     (tmp_path / "spy-9.cmd").write_text("python -m sglang.launch_server --model-path m")
     text = spy.report(path, exclude=("synchronize",))
     assert text.startswith("### spy-9.txt.gz: no-spec, 40 event-loop samples")
+
+
+def timeline_record(fn: str, t: float, ms: float, mode: str = "decode") -> dict:
+    return {"fn": fn, "t": t, "ms": ms, "mode": mode, "bs": 2, "tokens": 2}
+
+
+@pytest.fixture(scope="module")
+def timeline():
+    return load_script("sched_timeline")
+
+
+def test_timeline_iterations_sum_the_calls_inside_them(timeline):
+    records = [
+        timeline_record("get_next_batch_to_run", 0.000, 0.1, "idle"),
+        timeline_record("get_next_batch_to_run", 1.000, 0.5, "prefill"),  # origin
+        timeline_record("run_batch", 1.001, 2.0, "prefill"),
+        timeline_record("process_batch_result", 1.004, 5.0),
+        timeline_record("get_next_batch_to_run", 1.010, 0.4, "prefill"),
+        timeline_record("run_batch", 1.011, 3.0, "prefill"),
+        timeline_record("get_next_batch_to_run", 1.030, 0.2, "decode"),
+        timeline_record("run_batch", 1.031, 4.0),
+        timeline_record("resolve_seq_lens_cpu", 1.0311, 1.5),
+        timeline_record("process_batch_result", 1.036, 1.0, "prefill"),
+        timeline_record("get_next_batch_to_run", 1.040, 0.1, "idle"),  # closes the decode iteration
+    ]
+    stats = timeline.iteration_stats(records)
+    assert set(stats) == {"prefill", "decode"}
+    assert stats["prefill"].iteration_ms == pytest.approx([10.0, 20.0])
+    assert stats["prefill"].call_ms["run_batch"] == pytest.approx(5.0)
+    assert stats["prefill"].call_ms["process_batch_result"] == pytest.approx(5.0)
+    assert stats["prefill"].call_ms["get_next_batch_to_run"] == pytest.approx(0.9)
+    assert stats["decode"].call_ms["resolve_seq_lens_cpu"] == pytest.approx(1.5)
+    # A window from 25 ms after the first busy iteration keeps the decode iteration alone.
+    assert set(timeline.iteration_stats(records, start=0.025)) == {"decode"}
+
+    row = timeline.table([timeline.Timeline("faser k7 (1)", records)]).splitlines()[2]
+    # 10.0 ms decode iteration: pick 0.2, launch 4.0 (resolve 1.5 inside), result 1.0, other 4.8
+    assert row == "| faser k7 (1) | decode | 1 | 10.00 | 10.00 | 0.20 | 4.00 | 1.50 | 1.00 | 4.80 |"
+
+
+def test_timeline_server_names(timeline):
+    assert timeline.server_name({"pid": 5, "speculative_algorithm": None}) == "no-spec (5)"
+    named = {"pid": 6, "speculative_algorithm": "STANDALONE", "speculative_num_steps": 3}
+    assert timeline.server_name(named) == "standalone k3 (6)"
+
+
+def test_timeline_load_skips_a_line_cut_off_by_the_server_stopping(timeline, tmp_path: Path):
+    path = tmp_path / "sched-3.jsonl"
+    header = '{"header": true, "pid": 3, "speculative_algorithm": null}\n'
+    path.write_text(header + '{"fn": "run_batch", "t": 1.0, "ms": 2.0, "mode": "decode", "bs": 1, "tokens": 1}\n{"fn": "get_ne')
+    loaded = timeline.load(path)
+    assert loaded.name == "no-spec (3)" and len(loaded.records) == 1

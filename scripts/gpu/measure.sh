@@ -38,7 +38,9 @@
 # lazy draft prefill (16-token requests, so many steps pay a prompt-long catch-up) whose
 # per-step trace stays in profile-lazy/.
 # SPY=1 has py-spy sample every A/B server's scheduler process (scripts/gpu/spy_schedulers.sh:
-# spy/; scripts/spy_summary.py reads it).
+# spy/; scripts/spy_summary.py reads it). SCHED_TIMELINE=1 has every A/B server record its
+# scheduler loop's host timeline (faser_sglang/sched_timeline.py: timeline/, and
+# timeline.md from scripts/sched_timeline.py).
 # PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
 # default, 7.18B / 0.42B; cost-faithful-14b, 13.5B / 0.42B); the same value on every call.
 #
@@ -149,9 +151,13 @@ case ${1:?call: 1|2|3|4} in
         --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20; fi
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
       rm -f $RES/spy.pid
+      rm -rf $RES/timeline
+      if [[ -n '${SCHED_TIMELINE:-}' ]]; then export FASER_SCHED_TIMELINE=$RES/timeline; fi
       if [[ -n '${SPY:-}' ]]; then bash scripts/gpu/spy_schedulers.sh $RES/spy & echo \$! > $RES/spy.pid; fi
       $AB_CMD
       if [[ -f $RES/spy.pid ]]; then kill \$(cat $RES/spy.pid) || true; fi
+      unset FASER_SCHED_TIMELINE
+      if [[ -d $RES/timeline ]]; then python3 scripts/sched_timeline.py $RES/timeline > $RES/timeline.md || true; fi
       if [[ -n '${AD_TRACE:-}' ]]; then
         python3 scripts/check_costs.py --costs $RES/costs.json --trace $RES/faser-ad-trace.jsonl \
           --steps-csv $RES/faser-ad-steps.csv > $RES/check-costs.md 2>&1 || true

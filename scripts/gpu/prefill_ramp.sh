@@ -2,9 +2,11 @@
 # Back-to-back prefills on shape twins of the cost-faithful pair (the pair's widths, 2
 # layers, so a forward's GPU time is small and an iteration's time is mostly the host's):
 # no-spec against FASER (adaptive policy, lazy draft prefill), each served a closed loop
-# of 2-token requests; py-spy samples every scheduler process (spy_schedulers.sh).
-# Leaves under $OUT the server logs (server-N.log, in start order) with their prefill
-# intervals (prefill-gaps.md, scripts/prefill_gaps.py) and the schedulers' stacks with
+# of 2-token requests; both record their scheduler loop's timeline (timeline/ and
+# timeline.md, scripts/sched_timeline.py) and py-spy samples every scheduler process
+# (spy_schedulers.sh). Leaves under $OUT the server logs (server-N.log, in start order)
+# with their prefill intervals (prefill-gaps.md, scripts/prefill_gaps.py) and the
+# schedulers' stacks with
 # their event-loop profiles (spy-summary.md, scripts/spy_summary.py; the first
 # requests' kernel compiles left out). One device call on a fresh machine (carry
 # .bundle/sglang-gpu.tar.xz), ~6.5 min.
@@ -26,7 +28,7 @@ echo '{"policy": "adaptive"}' > "$OUT/faser.json"
 bash scripts/gpu/spy_schedulers.sh "$OUT" &
 SPY=$!
 rm -f /tmp/sglang-*.log
-FASER_CONFIG=$OUT/faser.json python3 -m faser_sglang.bench.quick --target $TWINS/target --draft $TWINS/draft \
+FASER_SCHED_TIMELINE=$OUT/timeline FASER_CONFIG=$OUT/faser.json python3 -m faser_sglang.bench.quick --target $TWINS/target --draft $TWINS/draft \
   --k-max 7 --contenders no-spec faser --concurrency 4 16 --num-prompts 300 --max-new-tokens 2 --prompts humaneval \
   --server-args --attention-backend flashinfer --dtype bfloat16 --cuda-graph-backend-prefill disabled \
   --cuda-graph-max-bs 128 --max-running-requests 128 --mem-fraction-static 0.3 --max-total-tokens 200000 \
@@ -36,5 +38,6 @@ sleep 3  # py-spy writes its file when the server it samples exits
 i=0
 for log in $(ls -tr /tmp/sglang-*.log); do cp "$log" "$OUT/server-$i.log"; i=$((i + 1)); done
 python3 scripts/prefill_gaps.py "$OUT"/server-*.log | tee "$OUT/prefill-gaps.md"
+python3 scripts/sched_timeline.py "$OUT/timeline" | tee "$OUT/timeline.md"
 python3 scripts/spy_summary.py --exclude _do_compile JitSpec.build compile launch_metadata -- "$OUT"/spy-*.txt \
   > "$OUT/spy-summary.md"

@@ -1,0 +1,115 @@
+"""Host timeline of SGLang's scheduler loop, for any server, with or without FASER.
+
+With ``FASER_SCHED_TIMELINE=<dir>`` in its environment, every scheduler process of a
+server writes ``<dir>/sched-<pid>.jsonl``. Its first line is a header naming the
+server's speculative algorithm. Then there is one line per call of these functions:
+
+- ``Scheduler.get_next_batch_to_run``: picks the iteration's batch;
+- ``Scheduler.run_batch``: launches it;
+- ``Scheduler.process_batch_result``: waits for a batch's result on the overlap
+  schedule, then streams it;
+- ``FutureMap.resolve_seq_lens_cpu``: a speculative decode batch waits here for the
+  previous step's published lengths.
+
+Each line is ``{"fn", "t", "ms", "mode", "bs", "tokens"}``:
+- ``t``: ``time.perf_counter()`` at entry, in seconds;
+- ``ms``: the call's host time, any wait for the GPU inside it included;
+- ``mode``: "prefill", "decode", "idle" (nothing to run; only the first of a run of
+  idle loop turns is recorded) or another SGLang forward mode;
+- ``bs`` and ``tokens``: the batch's requests and the tokens it feeds.
+
+Nothing here synchronizes the device, so a traced server keeps its overlap. One
+line-buffered write per call costs the host a few microseconds. The hooks go in
+through SGLang's HookRegistry (plugin.py). ``scripts/sched_timeline.py`` reads the
+files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, TextIO
+
+TIMELINE_ENV = "FASER_SCHED_TIMELINE"
+
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
+
+_file: Optional[TextIO] = None
+_idle = False  # the latest get_next_batch_to_run found nothing to run
+
+
+def timeline_dir() -> Optional[Path]:
+    value = os.environ.get(TIMELINE_ENV)
+    return Path(value) if value else None
+
+
+def _batch_fields(batch: Any) -> dict[str, Any]:
+    if batch is None:
+        return {"mode": "idle", "bs": 0, "tokens": 0}
+    mode = batch.forward_mode
+    if mode.is_extend():
+        name, tokens = "prefill", batch.extend_num_tokens
+    elif mode.is_decode():
+        name, tokens = "decode", len(batch.reqs)
+    else:
+        name, tokens = mode.name.lower(), None
+    return {"mode": name, "bs": len(batch.reqs), "tokens": tokens}
+
+
+def _open(scheduler: Any) -> TextIO:
+    """This process's file, its header written from the first hooked call on the
+    scheduler (the FutureMap is created after the scheduler's first iteration)."""
+    global _file
+    if _file is None:
+        directory = timeline_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        _file = open(directory / f"sched-{os.getpid()}.jsonl", "a", buffering=1)
+        args = scheduler.server_args
+        header = {
+            "header": True,
+            "pid": os.getpid(),
+            "model_path": args.model_path,
+            "speculative_algorithm": args.speculative_algorithm,
+            "speculative_num_steps": args.speculative_num_steps,
+            "overlap": not args.disable_overlap_schedule,
+        }
+        _file.write(json.dumps(header) + "\n")
+    return _file
+
+
+def _timed(fn: str, batch_of: Callable[[tuple, Any], Any]) -> Callable:
+    """An AROUND hook that records ``fn``'s host time and the batch it handled."""
+
+    def hook(original, *args, **kwargs):
+        global _idle
+        start = time.perf_counter()
+        out = original(*args, **kwargs)
+        ms = 1e3 * (time.perf_counter() - start)
+        fields = _batch_fields(batch_of(args, out))
+        if fn == "get_next_batch_to_run":
+            # An idle server spins through the loop: its first idle pick closes the busy
+            # iteration before it, the rest are not recorded.
+            if fields["mode"] == "idle" and _idle:
+                return out
+            _idle = fields["mode"] == "idle"
+        # A FutureMap call comes after the scheduler's first get_next_batch_to_run,
+        # which opened the file; the header needs the scheduler.
+        if _file is not None or fn != "resolve_seq_lens_cpu":
+            record = {"fn": fn, "t": round(start, 6), "ms": round(ms, 3), **fields}
+            _open(args[0]).write(json.dumps(record) + "\n")
+        return out
+
+    return hook
+
+
+def hooks() -> list[tuple[str, Callable]]:
+    """(target, AROUND hook) pairs for HookRegistry."""
+    return [
+        (f"{SCHEDULER}.get_next_batch_to_run", _timed("get_next_batch_to_run", lambda args, out: out.batch_to_run)),
+        (f"{SCHEDULER}.run_batch", _timed("run_batch", lambda args, out: args[1])),
+        (f"{SCHEDULER}.process_batch_result", _timed("process_batch_result", lambda args, out: args[1])),
+        (f"{FUTURE_MAP}.resolve_seq_lens_cpu", _timed("resolve_seq_lens_cpu", lambda args, out: args[1])),
+    ]

@@ -1,0 +1,90 @@
+"""The scheduler-timeline hooks (faser_sglang.sched_timeline) on stand-in objects; the
+end-to-end test on real CPU servers is in test_e2e_faser.py."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from faser_sglang import sched_timeline
+
+
+class Mode:
+    def __init__(self, name: str):
+        self.name = name
+
+    def is_extend(self) -> bool:
+        return self.name == "EXTEND"
+
+    def is_decode(self) -> bool:
+        return self.name == "DECODE"
+
+
+def batch(mode: str, bs: int, extend_tokens: int | None = None):
+    return SimpleNamespace(forward_mode=Mode(mode), reqs=[object()] * bs, extend_num_tokens=extend_tokens)
+
+
+@pytest.fixture
+def timeline_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(sched_timeline.TIMELINE_ENV, str(tmp_path / "t"))
+    monkeypatch.setattr(sched_timeline, "_file", None)
+    monkeypatch.setattr(sched_timeline, "_idle", False)
+    yield tmp_path / "t"
+    if sched_timeline._file is not None:
+        sched_timeline._file.close()
+
+
+def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
+    scheduler = SimpleNamespace(
+        server_args=SimpleNamespace(
+            model_path="m", speculative_algorithm="FASER", speculative_num_steps=7, disable_overlap_schedule=False
+        )
+    )
+    hooks = dict(sched_timeline.hooks())
+    pick = hooks[f"{sched_timeline.SCHEDULER}.get_next_batch_to_run"]
+    launch = hooks[f"{sched_timeline.SCHEDULER}.run_batch"]
+    resolve = hooks[f"{sched_timeline.FUTURE_MAP}.resolve_seq_lens_cpu"]
+
+    future_map = object()
+    resolve(lambda fm, b: None, future_map, batch("DECODE", 3))  # before the scheduler's first call: not recorded
+    prefill = batch("EXTEND", 2, extend_tokens=40)
+    plan = pick(lambda s, **kw: SimpleNamespace(batch_to_run=prefill), scheduler, running_batch=None)
+    assert plan.batch_to_run is prefill  # the hook returns the original's result
+    launch(lambda s, b: "result", scheduler, prefill)
+    resolve(lambda fm, b: None, future_map, batch("DECODE", 3))
+    for _ in range(3):  # an idle server's loop: the first idle pick closes the iteration
+        pick(lambda s: SimpleNamespace(batch_to_run=None), scheduler)
+    launch(lambda s, b: None, scheduler, batch("IDLE", 0))
+    pick(lambda s: SimpleNamespace(batch_to_run=prefill), scheduler)
+    pick(lambda s: SimpleNamespace(batch_to_run=None), scheduler)
+
+    (path,) = timeline_dir.glob("sched-*.jsonl")
+    assert path.name == f"sched-{os.getpid()}.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0] == {
+        "header": True,
+        "pid": os.getpid(),
+        "model_path": "m",
+        "speculative_algorithm": "FASER",
+        "speculative_num_steps": 7,
+        "overlap": True,
+    }
+    calls = [(r["fn"], r["mode"], r["bs"], r["tokens"]) for r in lines[1:]]
+    assert calls == [
+        ("get_next_batch_to_run", "prefill", 2, 40),
+        ("run_batch", "prefill", 2, 40),
+        ("resolve_seq_lens_cpu", "decode", 3, 3),
+        ("get_next_batch_to_run", "idle", 0, 0),
+        ("run_batch", "idle", 0, None),
+        ("get_next_batch_to_run", "prefill", 2, 40),
+        ("get_next_batch_to_run", "idle", 0, 0),
+    ]
+    assert all(r["ms"] >= 0 and r["t"] > 0 for r in lines[1:])
+
+
+def test_no_hooks_without_the_environment_variable(monkeypatch):
+    monkeypatch.delenv(sched_timeline.TIMELINE_ENV, raising=False)
+    assert sched_timeline.timeline_dir() is None
