@@ -60,8 +60,8 @@ def _batch_fields(batch: Any) -> dict[str, Any]:
 
 
 def _open(scheduler: Any) -> TextIO:
-    """This process's file, its header written from the first hooked call on the
-    scheduler (the FutureMap is created after the scheduler's first iteration)."""
+    """This process's file; the first call opens it and writes the header from the
+    scheduler's server args."""
     global _file
     if _file is None:
         directory = timeline_dir()
