@@ -6,10 +6,10 @@
 # timeline.md, scripts/sched_timeline.py) and py-spy samples every scheduler process
 # (spy_schedulers.sh). Leaves under $OUT the server logs (server-N.log, in start order)
 # with their prefill intervals (prefill-gaps.md, scripts/prefill_gaps.py) and the
-# schedulers' stacks with
-# their event-loop profiles (spy-summary.md, scripts/spy_summary.py; the first
+# schedulers' stacks with their event-loop profiles (spy-summary.md, scripts/spy_summary.py; the first
 # requests' kernel compiles left out). One device call on a fresh machine (carry
-# .bundle/sglang-gpu.tar.xz), ~6.5 min.
+# .bundle/sglang-gpu.tar.xz), ~6.5 min, most of it FlashInfer's first compile
+# (ATTENTION_BACKEND=triton skips it; CONCURRENCY="16" for one closed loop).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/gpu/env.sh
@@ -29,8 +29,8 @@ bash scripts/gpu/spy_schedulers.sh "$OUT" &
 SPY=$!
 rm -f /tmp/sglang-*.log
 FASER_SCHED_TIMELINE=$OUT/timeline FASER_CONFIG=$OUT/faser.json python3 -m faser_sglang.bench.quick --target $TWINS/target --draft $TWINS/draft \
-  --k-max 7 --contenders no-spec faser --concurrency 4 16 --num-prompts 300 --max-new-tokens 2 --prompts humaneval \
-  --server-args --attention-backend flashinfer --dtype bfloat16 --cuda-graph-backend-prefill disabled \
+  --k-max 7 --contenders no-spec faser --concurrency ${CONCURRENCY:-4 16} --num-prompts 300 --max-new-tokens 2 \
+  --prompts humaneval --server-args --attention-backend ${ATTENTION_BACKEND:-flashinfer} --dtype bfloat16 --cuda-graph-backend-prefill disabled \
   --cuda-graph-max-bs 128 --max-running-requests 128 --mem-fraction-static 0.3 --max-total-tokens 200000 \
   2>&1 | grep -v '^\[20' | tail -12
 kill $SPY 2>/dev/null || true
