@@ -14,7 +14,8 @@ iteration are summed:
 The rest ("other") is the loop's remaining work: receiving requests and the loop
 itself. ``--from`` / ``--to`` keep the iterations that start in that window, in seconds
 from the server's first busy iteration. Prints one markdown table over all files, one
-row per server and iteration kind, in ms per iteration.
+row per server and iteration kind, in ms per iteration: means (``--stat median``:
+medians, robust to a fresh server's first kernel compiles).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 CALLS = ("get_next_batch_to_run", "run_batch", "resolve_seq_lens_cpu", "process_batch_result")
@@ -35,10 +36,19 @@ class Timeline:
     records: list[dict]
 
 
-@dataclass
-class KindStats:
-    iteration_ms: list[float] = field(default_factory=list)
-    call_ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+COLUMNS = ("iteration", *CALLS, "other")
+
+
+def split(pick: dict, calls: list[dict], end_t: float) -> dict[str, float]:
+    """One iteration's ms: its length, each hooked call's ms summed, and the rest."""
+    out = dict.fromkeys(COLUMNS, 0.0)
+    out["iteration"] = 1e3 * (end_t - pick["t"])
+    out["get_next_batch_to_run"] = pick["ms"]
+    for call in calls:
+        out[call["fn"]] += call["ms"]
+    # resolve_seq_lens_cpu runs inside run_batch: not counted twice.
+    out["other"] = out["iteration"] - out["get_next_batch_to_run"] - out["run_batch"] - out["process_batch_result"]
+    return out
 
 
 def server_name(header: dict) -> str:
@@ -59,49 +69,44 @@ def load(path: Path) -> Timeline:
     return Timeline(server_name(header), [r for r in lines if not r.get("header")])
 
 
-def iteration_stats(records: list[dict], start: float = 0.0, end: float = float("inf")) -> dict[str, KindStats]:
-    """Per iteration kind: each iteration's length and the hooked calls' ms summed over
-    the kind's iterations (the last iteration, which has no end, left out)."""
+def iteration_stats(
+    records: list[dict], start: float = 0.0, end: float = float("inf")
+) -> dict[str, list[dict[str, float]]]:
+    """Per iteration kind, each iteration's ``split`` (the last iteration, which has no
+    end, left out)."""
     picks = [r for r in records if r["fn"] == "get_next_batch_to_run"]
     busy = [r["t"] for r in picks if r["mode"] != "idle"]
     if not busy:
         return {}
     origin = busy[0]
     calls = sorted((r for r in records if r["fn"] != "get_next_batch_to_run"), key=lambda r: r["t"])
-    stats: dict[str, KindStats] = defaultdict(KindStats)
+    stats: dict[str, list[dict[str, float]]] = defaultdict(list)
     j = 0
     for pick, following in zip(picks, picks[1:]):
         while j < len(calls) and calls[j]["t"] < pick["t"]:
             j += 1
         if pick["mode"] == "idle" or not start <= pick["t"] - origin < end:
             continue
-        kind = stats[pick["mode"]]
-        kind.iteration_ms.append(1e3 * (following["t"] - pick["t"]))
-        kind.call_ms["get_next_batch_to_run"] += pick["ms"]
         k = j
         while k < len(calls) and calls[k]["t"] < following["t"]:
-            kind.call_ms[calls[k]["fn"]] += calls[k]["ms"]
             k += 1
+        stats[pick["mode"]].append(split(pick, calls[j:k], following["t"]))
     return dict(stats)
 
 
-def table(timelines: list[Timeline], start: float = 0.0, end: float = float("inf")) -> str:
+def table(timelines: list[Timeline], start: float = 0.0, end: float = float("inf"), stat: str = "mean") -> str:
+    """One row per server and iteration kind: each column's mean (they add up to the
+    iteration) or median (robust to a fresh server's first compiles; they need not add
+    up) over the kind's iterations, in ms."""
+    aggregate = statistics.fmean if stat == "mean" else statistics.median
     rows = [
-        "| server | iteration | count | ms mean | ms p50 | pick | launch | (resolve wait) | result | other |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| server | iteration | count | {stat} ms | pick | launch | (resolve wait) | result | other |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for timeline in timelines:
-        for mode, kind in sorted(iteration_stats(timeline.records, start, end).items()):
-            n = len(kind.iteration_ms)
-            mean = statistics.fmean(kind.iteration_ms)
-            per = {fn: kind.call_ms[fn] / n for fn in CALLS}
-            # resolve_seq_lens_cpu runs inside run_batch: not counted twice in "other".
-            other = mean - per["get_next_batch_to_run"] - per["run_batch"] - per["process_batch_result"]
-            rows.append(
-                f"| {timeline.name} | {mode} | {n} | {mean:.2f} | {statistics.median(kind.iteration_ms):.2f} "
-                f"| {per['get_next_batch_to_run']:.2f} | {per['run_batch']:.2f} | {per['resolve_seq_lens_cpu']:.2f} "
-                f"| {per['process_batch_result']:.2f} | {other:.2f} |"
-            )
+        for mode, iterations in sorted(iteration_stats(timeline.records, start, end).items()):
+            cells = " | ".join(f"{aggregate([it[c] for it in iterations]):.2f}" for c in COLUMNS)
+            rows.append(f"| {timeline.name} | {mode} | {len(iterations)} | {cells} |")
     return "\n".join(rows)
 
 
@@ -117,5 +122,6 @@ if __name__ == "__main__":
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--from", dest="start", type=float, default=0.0, help="seconds from the first busy iteration")
     parser.add_argument("--to", dest="end", type=float, default=float("inf"))
+    parser.add_argument("--stat", choices=("mean", "median"), default="mean")
     args = parser.parse_args()
-    print(table([load(p) for p in files(args.paths)], args.start, args.end))
+    print(table([load(p) for p in files(args.paths)], args.start, args.end, args.stat))

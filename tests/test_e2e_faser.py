@@ -104,7 +104,7 @@ def test_scheduler_timeline_records_both_servers(nospec, faser, timelines):
         assert {r["fn"] for r in timeline.records} == set(script.CALLS)
         stats = script.iteration_stats(timeline.records)
         assert {"prefill", "decode"} <= set(stats)
-        assert sum(stats["decode"].call_ms.values()) <= sum(stats["decode"].iteration_ms)
+        assert all(it["run_batch"] + it["process_batch_result"] <= it["iteration"] for it in stats["decode"])
         launches = [r for r in timeline.records if r["fn"] == "run_batch" and r["mode"] == "prefill"]
         assert all(r["tokens"] > 0 and r["bs"] > 0 for r in launches)
     assert "| faser k4 (" in script.table([script.load(p) for p in script.files([timelines / "faser"])])

@@ -110,17 +110,22 @@ def test_timeline_iterations_sum_the_calls_inside_them(timeline):
     ]
     stats = timeline.iteration_stats(records)
     assert set(stats) == {"prefill", "decode"}
-    assert stats["prefill"].iteration_ms == pytest.approx([10.0, 20.0])
-    assert stats["prefill"].call_ms["run_batch"] == pytest.approx(5.0)
-    assert stats["prefill"].call_ms["process_batch_result"] == pytest.approx(5.0)
-    assert stats["prefill"].call_ms["get_next_batch_to_run"] == pytest.approx(0.9)
-    assert stats["decode"].call_ms["resolve_seq_lens_cpu"] == pytest.approx(1.5)
+    assert [it["iteration"] for it in stats["prefill"]] == pytest.approx([10.0, 20.0])
+    assert [it["run_batch"] for it in stats["prefill"]] == pytest.approx([2.0, 3.0])
+    assert [it["process_batch_result"] for it in stats["prefill"]] == pytest.approx([5.0, 0.0])
+    assert [it["other"] for it in stats["prefill"]] == pytest.approx([2.5, 16.6])
+    assert stats["decode"][0]["resolve_seq_lens_cpu"] == pytest.approx(1.5)
     # A window from 25 ms after the first busy iteration keeps the decode iteration alone.
     assert set(timeline.iteration_stats(records, start=0.025)) == {"decode"}
 
-    row = timeline.table([timeline.Timeline("faser k7 (1)", records)]).splitlines()[2]
+    rows = timeline.table([timeline.Timeline("faser k7 (1)", records)]).splitlines()
+    assert rows[0].startswith("| server | iteration | count | mean ms | pick |")
     # 10.0 ms decode iteration: pick 0.2, launch 4.0 (resolve 1.5 inside), result 1.0, other 4.8
-    assert row == "| faser k7 (1) | decode | 1 | 10.00 | 10.00 | 0.20 | 4.00 | 1.50 | 1.00 | 4.80 |"
+    assert rows[2] == "| faser k7 (1) | decode | 1 | 10.00 | 0.20 | 4.00 | 1.50 | 1.00 | 4.80 |"
+    assert rows[3] == "| faser k7 (1) | prefill | 2 | 15.00 | 0.45 | 2.50 | 0.00 | 2.50 | 9.55 |"
+    medians = timeline.table([timeline.Timeline("faser k7 (1)", records)], stat="median").splitlines()
+    assert medians[0].startswith("| server | iteration | count | median ms |")
+    assert medians[3] == "| faser k7 (1) | prefill | 2 | 15.00 | 0.45 | 2.50 | 0.00 | 2.50 | 9.55 |"
 
 
 def test_timeline_server_names(timeline):

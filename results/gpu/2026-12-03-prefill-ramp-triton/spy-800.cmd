@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m sglang.launch_server --model-path /tmp/faser-twins/target --host 127.0.0.1 --port 34935 --attention-backend triton --dtype bfloat16 --cuda-graph-backend-prefill disabled --cuda-graph-max-bs 128 --max-running-requests 128 --mem-fraction-static 0.3 --max-total-tokens 200000
