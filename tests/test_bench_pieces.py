@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from dataclasses import asdict
 
 import numpy as np
@@ -348,3 +350,64 @@ def test_faser_ad_contenders_differ_only_in_the_schedule():
     assert sync.args == (*overlap.args, "--disable-overlap-schedule") and sync.env == overlap.env == {"FASER_CONFIG": "ad.json"}
     with pytest.raises(ValueError, match="faser-ad-sync needs a FASER_CONFIG"):
         servers.contender("faser-ad-sync", "D", 7)
+
+
+def test_launch_retries_on_a_port_taken_in_between(monkeypatch, tmp_path):
+    """A port picked free can be taken before the server binds it (another server
+    starting at the same time); the server then logs it and hangs unready. The launch
+    is tried again on a fresh port; any other failure is not retried."""
+    from faser_sglang.bench import servers
+
+    started: list[int] = []
+    closed: list[int] = []
+
+    class FakeServer:
+        def __init__(self, n: int):
+            self.n = n
+
+        def close(self):
+            closed.append(self.n)
+
+    def start(model_path, args, env, log_dir):
+        started.append(len(started))
+        return FakeServer(started[-1])
+
+    outcomes = [servers.PortInUse("bind"), None]
+
+    def wait_ready(server, timeout):
+        outcome = outcomes[server.n]
+        if outcome is not None:
+            raise outcome
+
+    monkeypatch.setattr(servers, "_start", start)
+    monkeypatch.setattr(servers, "_wait_ready", wait_ready)
+    server = servers.launch("m")
+    assert server.n == 1 and closed == [0]
+
+    started.clear()
+    closed.clear()
+    outcomes[:] = [servers.PortInUse("bind")] * servers.PORT_ATTEMPTS
+    with pytest.raises(servers.PortInUse):
+        servers.launch("m")
+    assert closed == list(range(servers.PORT_ATTEMPTS))
+
+    started.clear()
+    closed.clear()
+    outcomes[:] = [RuntimeError("server exited")]
+    with pytest.raises(RuntimeError, match="exited"):
+        servers.launch("m")
+    assert closed == [0] and len(started) == 1
+
+
+def test_wait_ready_reports_a_port_in_use_from_the_log(tmp_path):
+    from faser_sglang.bench import servers
+
+    log = tmp_path / "server.log"
+    log.write_text("ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 1): address already in use\n")
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(servers.PortInUse, match="could not bind"):
+            servers._wait_ready(servers.Server("http://127.0.0.1:1", process, log), timeout=10)
+    finally:
+        process.kill()
+        process.wait()

@@ -121,6 +121,16 @@ class Server:
         self.close()
 
 
+# Free ports are picked, released, then bound by the server: another process starting
+# at the same time (a second server's internal ports) can take one in between.
+PORT_ATTEMPTS = 3
+PORT_IN_USE = "address already in use"
+
+
+class PortInUse(RuntimeError):
+    """The server could not bind a port it was given; a launch on fresh ports may work."""
+
+
 def launch(
     model_path: str | os.PathLike[str],
     args: Sequence[str] = (),
@@ -128,10 +138,33 @@ def launch(
     timeout: float = 600.0,
     log_dir: str | os.PathLike[str] | None = None,
 ) -> Server:
-    """Start ``sglang.launch_server`` on a free port and wait until it generates.
+    """Start ``sglang.launch_server`` on a free port and wait until it generates; on a
+    port taken in between, again on another (PORT_ATTEMPTS in all).
 
     Raises RuntimeError with the log tail if it exits or is not ready in time.
     """
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        server = _start(model_path, args, env, log_dir)
+        try:
+            _wait_ready(server, timeout)
+        except PortInUse:
+            server.close()
+            if attempt == PORT_ATTEMPTS:
+                raise
+            continue
+        except BaseException:
+            server.close()
+            raise
+        return server
+    raise AssertionError("unreachable")
+
+
+def _start(
+    model_path: str | os.PathLike[str],
+    args: Sequence[str],
+    env: Mapping[str, str] | None,
+    log_dir: str | os.PathLike[str] | None,
+) -> Server:
     port = free_port()
     command = [
         sys.executable, "-m", "sglang.launch_server",
@@ -151,13 +184,7 @@ def launch(
         start_new_session=True,  # own process group, killed as a whole
     )
     log.close()
-    server = Server(f"http://{HOST}:{port}", process, Path(log.name))
-    try:
-        _wait_ready(server, timeout)
-    except BaseException:
-        server.close()
-        raise
-    return server
+    return Server(f"http://{HOST}:{port}", process, Path(log.name))
 
 
 def flush_cache(base_url: str, wait: float = 60.0) -> None:
@@ -176,6 +203,9 @@ def free_port() -> int:
 def _wait_ready(server: Server, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        # A server that cannot bind its HTTP port logs it and keeps running, unready.
+        if PORT_IN_USE in server.log_tail():
+            raise PortInUse(f"server could not bind a port; log tail:\n{server.log_tail()}")
         if server.process.poll() is not None:
             raise RuntimeError(
                 f"server exited with code {server.process.returncode}; log tail:\n{server.log_tail()}"
