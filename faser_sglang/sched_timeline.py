@@ -47,6 +47,13 @@ def timeline_dir() -> Optional[Path]:
     return Path(value) if value else None
 
 
+def server_label(algorithm: Optional[str], num_steps: Optional[int]) -> str:
+    """A server's name in reports: "no-spec", or the algorithm and its K, e.g. "faser k7"."""
+    if not algorithm:
+        return "no-spec"
+    return algorithm.lower() + (f" k{num_steps}" if num_steps is not None else "")
+
+
 def _batch_fields(batch: Any) -> dict[str, Any]:
     if batch is None:
         return {"mode": "idle", "bs": 0, "tokens": 0}
@@ -89,13 +96,14 @@ def _timed(fn: str, batch_of: Callable[[tuple, Any], Any]) -> Callable:
         start = time.perf_counter()
         out = original(*args, **kwargs)
         ms = 1e3 * (time.perf_counter() - start)
-        fields = _batch_fields(batch_of(args, out))
+        batch = batch_of(args, out)
         if fn == "get_next_batch_to_run":
             # An idle server spins through the loop: its first idle pick closes the busy
             # iteration before it, the rest are not recorded.
-            if fields["mode"] == "idle" and _idle:
+            if batch is None and _idle:
                 return out
-            _idle = fields["mode"] == "idle"
+            _idle = batch is None
+        fields = _batch_fields(batch)
         # A FutureMap call comes after the scheduler's first get_next_batch_to_run,
         # which opened the file; the header needs the scheduler.
         if _file is not None or fn != "resolve_seq_lens_cpu":

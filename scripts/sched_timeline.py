@@ -27,6 +27,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from faser_sglang.sched_timeline import server_label
+
 CALLS = ("get_next_batch_to_run", "run_batch", "resolve_seq_lens_cpu", "process_batch_result")
 
 
@@ -52,10 +54,8 @@ def split(pick: dict, calls: list[dict], end_t: float) -> dict[str, float]:
 
 
 def server_name(header: dict) -> str:
-    algorithm = header.get("speculative_algorithm")
-    if not algorithm:
-        return f"no-spec ({header['pid']})"
-    return f"{algorithm.lower()} k{header.get('speculative_num_steps')} ({header['pid']})"
+    label = server_label(header.get("speculative_algorithm"), header.get("speculative_num_steps"))
+    return f"{label} ({header['pid']})"
 
 
 def load(path: Path) -> Timeline:

@@ -21,6 +21,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from faser_sglang.sched_timeline import server_label
+
 LOOP = "event_loop"  # Scheduler.event_loop_overlap / Scheduler.event_loop_normal
 FRAME = re.compile(r"^(?P<func>[^ ]+) \((?P<file>[^:)]+)(?::\d+)?\)$")
 
@@ -59,11 +61,9 @@ def shares(stacks: list[tuple[list[str], int]]) -> tuple[int, Counter, Counter]:
 
 
 def contender(cmd: str) -> str:
-    m = re.search(r"--speculative-algorithm (\S+)", cmd)
-    if m is None:
-        return "no-spec"
+    algorithm = re.search(r"--speculative-algorithm (\S+)", cmd)
     steps = re.search(r"--speculative-num-steps (\d+)", cmd)
-    return m[1].lower() + (f" k{steps[1]}" if steps else "")
+    return server_label(algorithm and algorithm[1], steps and int(steps[1]))
 
 
 def report(path: Path, exclude: tuple[str, ...] = (), top: int = 25) -> str:

@@ -143,20 +143,20 @@ def launch(
 
     Raises RuntimeError with the log tail if it exits or is not ready in time.
     """
-    for attempt in range(1, PORT_ATTEMPTS + 1):
+    attempt = 1
+    while True:
         server = _start(model_path, args, env, log_dir)
         try:
             _wait_ready(server, timeout)
+            return server
         except PortInUse:
             server.close()
             if attempt == PORT_ATTEMPTS:
                 raise
-            continue
+            attempt += 1
         except BaseException:
             server.close()
             raise
-        return server
-    raise AssertionError("unreachable")
 
 
 def _start(
@@ -204,8 +204,9 @@ def _wait_ready(server: Server, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         # A server that cannot bind its HTTP port logs it and keeps running, unready.
-        if PORT_IN_USE in server.log_tail():
-            raise PortInUse(f"server could not bind a port; log tail:\n{server.log_tail()}")
+        tail = server.log_tail()
+        if PORT_IN_USE in tail:
+            raise PortInUse(f"server could not bind a port; log tail:\n{tail}")
         if server.process.poll() is not None:
             raise RuntimeError(
                 f"server exited with code {server.process.returncode}; log tail:\n{server.log_tail()}"
