@@ -14,7 +14,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -50,16 +49,20 @@ def _random_ids(rng: random.Random, low: int, high: int) -> list[int]:
     return [rng.randrange(6, 500) for _ in range(rng.randint(low, high))]
 
 
-def _send_all(base_url: str, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """POST every request at once, so they share batches; answers in request order."""
+def _send_batch(base_url: str, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """POST every request as one batched ``/generate`` call; answers in request order.
 
-    def one(payload: dict[str, Any]) -> dict[str, Any]:
-        r = post_generate(base_url, payload)
-        r.raise_for_status()
-        return r.json()
-
-    with ThreadPoolExecutor(max_workers=len(payloads)) as pool:
-        return list(pool.map(one, payloads))
+    Pre-tokenized batches reach the scheduler as one message, so all requests wait in
+    the same queue from the first step however slow the client machine is; separate
+    HTTP requests can trickle in so slowly that early ones finish before late ones
+    arrive, and the pool is then never under pressure."""
+    batch = {
+        "input_ids": [p["input_ids"] for p in payloads],
+        "sampling_params": [p["sampling_params"] for p in payloads],
+    }
+    r = post_generate(base_url, batch)
+    r.raise_for_status()
+    return outputs_of(r.json())
 
 
 # ---------------------------------------------------------------------------
@@ -99,8 +102,8 @@ def test_retraction_under_memory_pressure_keeps_output_lossless(tiny_models, sma
     small_nospec, small_faser = small_pool_servers
     retract_lines_before = _retraction_log_lines(small_faser)
     payloads = _pressure_workload()
-    reference = _send_all(small_nospec.base_url, payloads)
-    got = _send_all(small_faser.base_url, payloads)
+    reference = _send_batch(small_nospec.base_url, payloads)
+    got = _send_batch(small_faser.base_url, payloads)
 
     retractions = [o["meta_info"]["num_retractions"] for o in got]
     assert sum(retractions) > 0, "FASER never retracted: the pool was not under pressure"
@@ -250,6 +253,6 @@ def test_aborts_and_disconnects_free_every_slot(faser, seed: int) -> None:
 
     # The server still serves, and greedy output did not depend on the chaos around it.
     payloads = [payload for payload, _ in chaos.completed]
-    after = [out["output_ids"] for out in _send_all(faser.base_url, payloads)]
+    after = [out["output_ids"] for out in _send_batch(faser.base_url, payloads)]
     changed = [p for p, (_, during), a in zip(payloads, chaos.completed, after) if a != during]
     assert not changed, f"greedy output changed after the chaos for {changed}"
