@@ -47,10 +47,11 @@ drafts, the pool keeps drafting verifies only.)
 The expected number of accepted drafts of a k-draft chain is
 E(k) = sum_{j=1..k} prod_{i<j} alpha_i (draft j counts only if all before it do).
 
-Cost: every update is a few NumPy operations over [batch, positions] arrays; the
-state lives in dense arrays indexed by a slot per request (slots are recycled when
-a request is forgotten), so neither a step's observe nor its estimate loops over
-positions in Python.
+Cost: the state lives in dense arrays indexed by a slot per request (slots are
+recycled when a request is forgotten), updated and read by compiled loops (numba's
+``@njit``), so a step's observe and its estimate are one call each, a few microseconds
+plus one dictionary lookup per request; as NumPy array operations they took ~40 calls,
+0.15-0.4 ms a step on an H200's host.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from numba import njit
 
 
 class AcceptanceWindows:
@@ -92,7 +94,7 @@ class AcceptanceWindows:
         self._ring = np.zeros((initial_capacity, window, 2), np.int64)  # [cap, W, (k, a)]
         self._head = np.zeros(initial_capacity, np.int64)  # [cap] next ring index
         self._pool_ring = np.zeros((pool_size, 2), np.int64)  # [pool, (k, a)]
-        self._pool_head = 0
+        self._pool_head = 0  # next pool ring index
         self._pool_succ = np.zeros(positions, np.int64)  # [P]
         self._pool_trial = np.zeros(positions, np.int64)  # [P]
 
@@ -104,26 +106,14 @@ class AcceptanceWindows:
             return
         k = np.asarray(draft_lens, np.int64)  # [n]
         a = np.asarray(num_accepted, np.int64)  # [n]
-        if np.any(a < 0) or np.any(a > k) or np.any(k > self.positions):
+        slots = np.array([self._slot_for(r) for r in rids], np.int64)  # [n]
+        if not _record(self._succ, self._trial, self._ring, self._head, slots, k, a, self.positions):
             raise ValueError(f"need 0 <= accepted <= draft length <= {self.positions}")
-        slots = np.fromiter((self._slot_for(r) for r in rids), np.int64, len(rids))  # [n]
-        heads = self._head[slots]
-        evicted = self._ring[slots, heads]  # [n, 2]
-        new_succ, new_trial = self._evidence(k, a)
-        old_succ, old_trial = self._evidence(evicted[:, 0], evicted[:, 1])
-        self._succ[slots] += new_succ - old_succ
-        self._trial[slots] += new_trial - old_trial
-        self._ring[slots, heads, 0] = k
-        self._ring[slots, heads, 1] = a
-        self._head[slots] = (heads + 1) % self.window
-        drafted = k > 0
-        if drafted.any():
-            self._pool_add(k[drafted], a[drafted])
-        else:
-            # Nobody drafts: the step enters the pool as one entry without evidence, so
-            # the evidence ages out and the prior returns to the base rate (drafting is
-            # probed again rather than staying off forever after an unlucky stretch).
-            self._pool_add(k[:1], a[:1])
+        # While anyone drafts, the pool takes the drafting verifies. When nobody drafts,
+        # the step enters the pool as one entry without evidence, so the evidence ages
+        # out and the prior returns to the base rate (drafting is probed again rather
+        # than staying off forever after an unlucky stretch).
+        self._pool_head = _pool_record(self._pool_succ, self._pool_trial, self._pool_ring, self._pool_head, k, a)
 
     def forget(self, rid: str) -> None:
         """Drop a finished request's window; its verifies stay in the pooled prior."""
@@ -145,18 +135,17 @@ class AcceptanceWindows:
 
     def alphas(self, rids: Sequence[str], k_max: int) -> np.ndarray:
         """[n, k_max] alpha_j for each request (the pooled prior for unseen requests)."""
-        prior = self.pooled_alphas()[:k_max]  # [K]
-        idx = np.fromiter((self._slots.get(r, -1) for r in rids), np.int64, len(rids))  # [n]
-        known = (idx >= 0)[:, None]  # [n, 1]
-        rows = np.maximum(idx, 0)
-        succ = np.where(known, self._succ[rows, :k_max], 0)  # [n, K]
-        trial = np.where(known, self._trial[rows, :k_max], 0)  # [n, K]
-        m = self.prior_strength
-        return (succ + m * prior) / (trial + m)
+        return self._estimate(rids, k_max, cumulative=False)
 
     def gains(self, rids: Sequence[str], k_max: int) -> np.ndarray:
         """[n, k_max] P(drafts 0..j all accepted): the expected tokens draft j adds."""
-        return np.cumprod(self.alphas(rids, k_max), axis=1)
+        return self._estimate(rids, k_max, cumulative=True)
+
+    def _estimate(self, rids: Sequence[str], k_max: int, cumulative: bool) -> np.ndarray:
+        idx = np.array([self._slots.get(r, -1) for r in rids], np.int64)  # [n], -1: unseen
+        return _estimate(
+            self._succ, self._trial, idx, self.pooled_alphas(), self.prior_strength, k_max, cumulative
+        )
 
     def expected_accepted(self, rid: str, k: int) -> float:
         """E(k) = sum_{j=1..k} prod_{i<j} alpha_i for one request."""
@@ -165,31 +154,6 @@ class AcceptanceWindows:
         return float(self.gains([rid], k).sum())
 
     # Internals -------------------------------------------------------------
-
-    def _evidence(self, k: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """[n, P] successes and trials one (k, a) verify adds per position.
-
-        Positions < a succeeded; position a was tried (and failed) only if a < k.
-        """
-        cols = np.arange(self.positions)  # [P]
-        succ = (cols < a[:, None]).astype(np.int64)
-        trial = (cols < np.minimum(a + 1, k)[:, None]).astype(np.int64)
-        return succ, trial
-
-    def _pool_add(self, k: np.ndarray, a: np.ndarray) -> None:
-        size = len(self._pool_ring)
-        k, a = k[-size:], a[-size:]  # more verifies than the pool holds: keep the newest
-        if len(k) == 0:
-            return
-        idx = (self._pool_head + np.arange(len(k))) % size  # [n]
-        old = self._pool_ring[idx]
-        new_succ, new_trial = self._evidence(k, a)
-        old_succ, old_trial = self._evidence(old[:, 0], old[:, 1])
-        self._pool_succ += new_succ.sum(axis=0) - old_succ.sum(axis=0)
-        self._pool_trial += new_trial.sum(axis=0) - old_trial.sum(axis=0)
-        self._pool_ring[idx, 0] = k
-        self._pool_ring[idx, 1] = a
-        self._pool_head = int((self._pool_head + len(k)) % size)
 
     def _slot_for(self, rid: str) -> int:
         slot = self._slots.get(rid)
@@ -216,4 +180,96 @@ class AcceptanceWindows:
 def _resized(array: np.ndarray, rows: int) -> np.ndarray:
     out = np.zeros((rows, *array.shape[1:]), array.dtype)
     out[: len(array)] = array
+    return out
+
+
+@njit(cache=True)
+def _add_evidence(succ: np.ndarray, trial: np.ndarray, k: int, a: int, sign: int) -> None:
+    """Add (sign 1) or remove (-1) one (k, a) verify's evidence from [P] counts:
+    positions < a succeeded; position a was tried (and failed) only if a < k."""
+    for p in range(a):
+        succ[p] += sign
+    for p in range(min(a + 1, k)):
+        trial[p] += sign
+
+
+@njit(cache=True)
+def _record(
+    succ: np.ndarray,  # [cap, P]
+    trial: np.ndarray,  # [cap, P]
+    ring: np.ndarray,  # [cap, W, (k, a)]
+    head: np.ndarray,  # [cap]
+    slots: np.ndarray,  # [n] distinct
+    k: np.ndarray,  # [n]
+    a: np.ndarray,  # [n]
+    positions: int,
+) -> bool:
+    """One verify step into each request's window (its oldest step ages out). False,
+    and nothing recorded, when some 0 <= a <= k <= positions does not hold."""
+    for n in range(len(slots)):
+        if a[n] < 0 or a[n] > k[n] or k[n] > positions:
+            return False
+    window = ring.shape[1]
+    for n in range(len(slots)):
+        s, h = slots[n], head[slots[n]]
+        _add_evidence(succ[s], trial[s], ring[s, h, 0], ring[s, h, 1], -1)
+        _add_evidence(succ[s], trial[s], k[n], a[n], 1)
+        ring[s, h, 0], ring[s, h, 1] = k[n], a[n]
+        head[s] = (h + 1) % window
+    return True
+
+
+@njit(cache=True)
+def _pool_record(
+    succ: np.ndarray,  # [P]
+    trial: np.ndarray,  # [P]
+    ring: np.ndarray,  # [pool, (k, a)]
+    head: int,
+    k: np.ndarray,  # [n] one step's verifies
+    a: np.ndarray,  # [n]
+) -> int:
+    """The step's drafting verifies into the pool (more than it holds: the newest),
+    or one entry without evidence when nobody drafted; returns the new head."""
+    drafted = 0
+    for n in range(len(k)):
+        if k[n] > 0:
+            drafted += 1
+    skip = max(drafted - len(ring), 0)
+    for n in range(len(k)):
+        if drafted and k[n] == 0:
+            continue
+        if skip:
+            skip -= 1
+            continue
+        _add_evidence(succ, trial, ring[head, 0], ring[head, 1], -1)
+        _add_evidence(succ, trial, k[n], a[n], 1)
+        ring[head, 0], ring[head, 1] = k[n], a[n]
+        head = (head + 1) % len(ring)
+        if not drafted:
+            break
+    return head
+
+
+@njit(cache=True)
+def _estimate(
+    succ: np.ndarray,  # [cap, P]
+    trial: np.ndarray,  # [cap, P]
+    idx: np.ndarray,  # [n] slots, -1: unseen
+    prior: np.ndarray,  # [P]
+    m: float,
+    k_max: int,
+    cumulative: bool,
+) -> np.ndarray:
+    """[n, k_max] alpha_j = (succ_j + m prior_j) / (trial_j + m), or with ``cumulative``
+    their running products (the gains)."""
+    out = np.empty((len(idx), k_max))
+    for n in range(len(idx)):
+        running = 1.0
+        for j in range(k_max):
+            if idx[n] >= 0:
+                alpha = (succ[idx[n], j] + m * prior[j]) / (trial[idx[n], j] + m)
+            else:
+                alpha = (m * prior[j]) / m
+            running = running * alpha if cumulative else alpha
+            out[n, j] = running
     return out

@@ -37,16 +37,16 @@ not pay: a new draft forward is shared by every request that uses it, and only t
 group pays for it. The walk is repeated for each depth cap 1..K_max (items deeper
 than the cap left out), so deep items of one excellent request cannot force a
 forward the others do not need; the K_max walks run at once, as the rows of
-[K_max, bs * K_max] arrays. A cap on the total drafts (the verify tokens the CUDA
+[K_max, bs * K_max] array. A cap on the total drafts (the verify tokens the CUDA
 graphs hold) ends every walk early. When catch-ups run in several forwards the walks
 are repeated once more with a piece-aware ranking (``allocate``). An item whose gain
 over its least marginal cost (own cost and one verify token; for a request's first
 item, over its best bundle) is at most the best rate found so far would lower the
 rate of any point it joined, so the walks leave such items out (the premises are at
 ``_Walk.best``): at high load most.
-All of it is a sort of bs * K_max items and a few vectorised passes: on a 2-core CPU
-~0.1-0.3 ms for bs <= 64 and ~1.1 ms at bs = 256 with K_max = 8 (tests print the
-timings). Before any of it, a bound returns the plain decode when no draft can pay,
+All of it is a sort of bs * K_max items and K_max passes over them, compiled with
+numba (``@njit``: the same passes as NumPy array operations cost ~180 NumPy calls a
+step, 0.3-0.4 ms at any batch size on an H200's host). Before any of it, a bound returns the plain decode when no draft can pay,
 which at high load is most steps: for every depth c and every n, the n largest gains
 among positions < c at the price of the fastest step with n drafts at most c deep (a
 verify of bs + n tokens, c draft forwards, and the least catch-ups of the fewest
@@ -72,11 +72,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+from numba import njit
 
 from faser_sglang.spec_worker.adaptive.cost_model import CostModel
-from faser_sglang.spec_worker.policy import STEADY_CATCHUP, catchup_forwards
+from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES, STEADY_CATCHUP
 
 MIN_ITEM_SECONDS = 1e-12
+NO_CAP = -1  # max_drafts as the kernels take it: no cap on the total drafts
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,7 @@ class CatchupPieces:
     def charged(self, steady: np.ndarray, total: np.ndarray, rate: np.ndarray) -> np.ndarray:
         """[n] forwards charged for catch-ups of ``steady`` / ``total`` tokens whose
         backlogs' largest ``backlog_rate`` is ``rate`` ([n] each)."""
-        usual = catchup_forwards(steady, self.piece_tokens)
-        return usual + (catchup_forwards(total, self.piece_tokens) - usual) * rate
+        return np.array([_charged_forwards(s, t, r, self.piece_tokens) for s, t, r in zip(steady, total, rate)])
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ def allocate(
     ``max_drafts`` caps sum_i k_i (the verify tokens CUDA graphs hold, minus one per
     request): each walk stops after that many items, so the best capped point is found
     the same way as the best uncapped one."""
+    gains = np.ascontiguousarray(gains, np.float64)
     bs, k_max = gains.shape
     seq_lens = np.asarray(seq_lens, np.float64)
     d = cost.draft
@@ -183,61 +185,121 @@ class _Walk:
     ceiling: np.ndarray
 
     def best(self, priced: np.ndarray, best: Allocation) -> Allocation:
-        """The best of ``best`` and every walk's points, items ranked by ``priced`` ([bs, K]).
-
-        All K walks at once: row c - 1 of the [K, M] arrays walks the items of depth <= c
-        in order (an item deeper than the cap repeats the point before it, masked out)."""
-        bs, k_max = self.gains.shape
-        # Items in level-major order (id = j * bs + i), so a stable sort breaks ties
-        # toward shallower items, which share forwards already paid for.
-        order = np.argsort(-_ranking_key(self.gains, priced).T.ravel(), kind="stable")  # [M]
-        # An item that gains nothing (a draft the worker cuts near max_new_tokens, or an
-        # acceptance of 0) never raises a rate; left in, it could be chosen where the
-        # profile prices a drafting step below the plain decode, and then cut.
-        order = order[self.gains.T.ravel()[order] > 0]
-        if len(order) == 0:
-            return best
-        # An item (with the rest of its request's drafts) whose ceiling is at most the
-        # best rate so far lowers the rate of every point it joins: its marginal cost is
-        # at least own + one verify token, since verify prices are convex and forwards
-        # and charged catch-up forwards never fall when an item is added. Taking such
-        # items out of a point down to none ends at a verify of bs tokens alone, so the
-        # argument needs that to be no faster than the best rate; it is whenever the plain
-        # decode is cheaper than that verify (cost files fitted with the tied plain term).
-        # At high load most items go. Ceilings are non-increasing along j: requests keep
-        # prefixes.
-        if bs / self.verify[0] <= best.tokens_per_second:
-            order = order[self.ceiling.T.ravel()[order] > best.tokens_per_second]
-            if len(order) == 0:
-                return best
-        level = order // bs  # [M] j of each offered item
-        within = level < np.arange(1, k_max + 1)[:, None]  # [K, M] item offered to walk c - 1
-
-        def running(per_item: np.ndarray) -> np.ndarray:  # [M] -> [K, M] sums over each walk
-            return np.cumsum(np.where(within, per_item, 0.0), axis=1)
-
-        count = np.cumsum(within, axis=1)  # [K, M] items taken = extra verify tokens
-        tokens = bs + running(self.gains.T.ravel()[order])  # R's numerator after each item
-        deepest = np.maximum.accumulate(np.where(within, level + 1, 0), axis=1)  # [K, M]
-        seconds = running(self.own.T.ravel()[order]) + self.verify[count] + self.forward[deepest]
-        if self.pieces is not None:  # catch-up forwards beyond the first
-            first = level == 0  # [M] an item at j = 0 adds its request's catch-up tokens
-            steady, total = (
-                running(np.where(first, per_request[order % bs], 0.0))
-                for per_request in (self.pieces.steady, self.pieces.total)
+        """The best of ``best`` and every walk's points, items ranked by ``priced`` ([bs, K])."""
+        bs = len(self.gains)
+        pieces = self.pieces
+        if pieces is None:  # unused by the kernel: any [bs] arrays will do
+            steady = total = backlog_rate = np.zeros(bs)
+            piece_tokens = 0
+        else:
+            steady, total, backlog_rate = (
+                np.asarray(a, np.float64) for a in (pieces.steady, pieces.total, pieces.backlog_rate)
             )
-            rate = np.where(within & first, self.pieces.backlog_rate[order % bs], 0.0)
-            rate = np.maximum.accumulate(rate, axis=1)  # [K, M] shortest horizon so far
-            seconds = seconds + self.catchup_forward * (self.pieces.charged(steady, total, rate) - 1)
-        if self.max_drafts is not None:
-            within &= count <= self.max_drafts
-        rate = np.where(within, tokens / seconds, -np.inf)  # [K, M]
-        row, last = np.unravel_index(int(np.argmax(rate)), rate.shape)  # the shallowest best walk
-        if rate[row, last] <= best.tokens_per_second:
+            piece_tokens = pieces.piece_tokens
+        lens = np.zeros(bs, np.int64)
+        found, tokens, seconds = _walk_kernel(
+            self.gains, self.own, self.verify, self.forward, _ranking_key(self.gains, priced),
+            np.ascontiguousarray(self.ceiling, np.float64), NO_CAP if self.max_drafts is None else self.max_drafts,
+            steady, total, backlog_rate, piece_tokens, self.catchup_forward, best.tokens_per_second, lens,
+        )  # fmt: skip
+        if not found:
             return best
-        taken = order[: last + 1][within[row, : last + 1]] % bs  # item id j * bs + i -> request i
-        lens = np.bincount(taken, minlength=bs)
-        return Allocation(tuple(int(k) for k in lens), float(tokens[row, last]), float(seconds[row, last]))
+        return Allocation(tuple(lens.tolist()), tokens, seconds)
+
+
+@njit(cache=True)
+def _walk_kernel(
+    gains: np.ndarray,  # [bs, K]
+    own: np.ndarray,  # [bs, K]
+    verify: np.ndarray,  # [M+1]
+    forward: np.ndarray,  # [K+1]
+    key: np.ndarray,  # [bs, K] ranking key (_ranking_key)
+    ceiling: np.ndarray,  # [bs, K]
+    max_drafts: int,  # NO_CAP: none
+    steady: np.ndarray,  # [bs] pieces only (piece_tokens > 0)
+    total: np.ndarray,  # [bs]
+    backlog_rate: np.ndarray,  # [bs]
+    piece_tokens: int,  # 0: a catch-up is one forward
+    catchup_forward: float,
+    best_rate: float,
+    lens: np.ndarray,  # [bs] out: the best point's k_i
+) -> tuple[bool, float, float]:
+    """Walk c - 1 (c = 1..K) takes the offered items of depth <= c in ranking order and
+    evaluates R after each; the first point of the highest rate (shallowest walk, then
+    fewest items) wins if it beats ``best_rate``. Returns (found, tokens, seconds)."""
+    bs, k_max = gains.shape
+    m_all = bs * k_max
+    # Items in level-major order (id = j * bs + i), so a stable sort breaks ties
+    # toward shallower items, which share forwards already paid for.
+    neg_key = np.empty(m_all)
+    for j in range(k_max):
+        for i in range(bs):
+            neg_key[j * bs + i] = -key[i, j]
+    ranked = np.argsort(neg_key, kind="mergesort")
+    # An item that gains nothing (a draft the worker cuts near max_new_tokens, or an
+    # acceptance of 0) never raises a rate; left in, it could be chosen where the
+    # profile prices a drafting step below the plain decode, and then cut.
+    # An item (with the rest of its request's drafts) whose ceiling is at most the best
+    # rate so far lowers the rate of every point it joins: its marginal cost is at least
+    # own + one verify token, since verify prices are convex and forwards and charged
+    # catch-up forwards never fall when an item is added. Taking such items out of a
+    # point down to none ends at a verify of bs tokens alone, so the argument needs that
+    # to be no faster than the best rate; it is whenever the plain decode is cheaper
+    # than that verify (cost files fitted with the tied plain term). At high load most
+    # items go. Ceilings are non-increasing along j: requests keep prefixes.
+    prune = bs / verify[0] <= best_rate
+    order = np.empty(m_all, np.int64)
+    n = 0
+    for item in ranked:
+        i, j = item % bs, item // bs
+        if gains[i, j] > 0 and (not prune or ceiling[i, j] > best_rate):
+            order[n] = item
+            n += 1
+    top_rate, top_cap, top_last, top_tokens, top_seconds = -np.inf, 0, 0, 0.0, 0.0
+    for cap in range(1, k_max + 1):
+        tokens, own_sum, count, deepest = float(bs), 0.0, 0, 0
+        steady_sum, total_sum, rate_max = 0.0, 0.0, 0.0
+        for m in range(n):
+            i, j = order[m] % bs, order[m] // bs
+            if j >= cap:
+                continue
+            count += 1
+            if max_drafts != NO_CAP and count > max_drafts:
+                break
+            tokens += gains[i, j]
+            own_sum += own[i, j]
+            deepest = max(deepest, j + 1)
+            seconds = own_sum + verify[count] + forward[deepest]
+            if piece_tokens > 0:  # catch-up forwards beyond the first
+                if j == 0:  # the request's first item brings its catch-up tokens
+                    steady_sum += steady[i]
+                    total_sum += total[i]
+                    rate_max = max(rate_max, backlog_rate[i])  # the shortest horizon so far
+                charged = _charged_forwards(steady_sum, total_sum, rate_max, piece_tokens)
+                seconds = seconds + catchup_forward * (charged - 1)
+            rate = tokens / seconds
+            if rate > top_rate:
+                top_rate, top_cap, top_last, top_tokens, top_seconds = rate, cap, m, tokens, seconds
+    if top_rate <= best_rate:
+        return False, 0.0, 0.0
+    for m in range(top_last + 1):
+        if order[m] // bs < top_cap:
+            lens[order[m] % bs] += 1
+    return True, top_tokens, top_seconds
+
+
+@njit(cache=True)
+def _charged_forwards(steady: float, total: float, rate: float, piece_tokens: int) -> float:
+    """CatchupPieces' charge F(steady) + (F(total) - F(steady)) * rate, F the
+    forwards of policy.catchup_forwards."""
+    usual = _catchup_forwards(steady, piece_tokens)
+    return usual + (_catchup_forwards(total, piece_tokens) - usual) * rate
+
+
+@njit(cache=True)
+def _catchup_forwards(tokens: float, piece_tokens: int) -> float:
+    """policy.catchup_forwards for one catch-up of ``tokens`` > 0 tokens."""
+    return min(max(np.ceil(tokens / piece_tokens), 1.0), float(MAX_CATCHUP_PIECES))
 
 
 def _any_draft_can_pay(
@@ -259,27 +321,57 @@ def _any_draft_can_pay(
     grown over plain steps), where it saves the walks; bounding each depth apart keeps
     the deep drafts of a few well-accepted requests from passing it at the price of one
     forward and one catch-up."""
+    return _bound_kernel(gains, own, verify, forward, NO_CAP if max_drafts is None else max_drafts, plain_rate)
+
+
+@njit(cache=True)
+def _bound_kernel(
+    gains: np.ndarray,  # [bs, K]
+    own: np.ndarray,  # [bs, K]
+    verify: np.ndarray,  # [M+1]
+    forward: np.ndarray,  # [K+1]
+    max_drafts: int,  # NO_CAP: none
+    plain_rate: float,
+) -> bool:
     bs, k_max = gains.shape
-    caps = np.arange(1, k_max + 1)[:, None]  # [K, 1] c
-    flat = gains.T.ravel()  # [M] level-major: item j * bs + i
-    order = np.argsort(-flat, kind="stable")  # [M] largest gain first
-    within = order // bs < caps  # [K, M] item at a position < c
-    count = np.cumsum(within, axis=1)  # [K, M] n
-    top = np.cumsum(np.where(within, flat[order], 0.0), axis=1)  # [K, M] the n largest gains
+    flat = np.empty(bs * k_max)  # level-major: item j * bs + i
+    for j in range(k_max):
+        for i in range(bs):
+            flat[j * bs + i] = gains[i, j]
+    order = np.argsort(-flat)  # largest gain first
     lo = own.min()
     first = own[:, 0].min()  # >= lo
-    seconds = verify[count] + forward[1:, None] + lo * count + (first - lo) * count / caps  # [K, M]
-    if max_drafts is not None:
-        within &= count <= max_drafts
-    return bool(np.any(within & ((bs + top) / seconds > plain_rate)))
+    for cap in range(1, k_max + 1):
+        count, top = 0, 0.0  # n, the n largest gains at positions < cap
+        for item in order:
+            if item // bs >= cap:
+                continue
+            count += 1
+            if max_drafts != NO_CAP and count > max_drafts:
+                break
+            top += flat[item]
+            seconds = verify[count] + forward[cap] + lo * count + (first - lo) * count / cap
+            if (bs + top) / seconds > plain_rate:
+                return True
+    return False
 
 
+@njit(cache=True)
 def _ranking_key(gains: np.ndarray, priced: np.ndarray) -> np.ndarray:
     """[bs, K] marginal efficiency g / priced, the first item's the best of the bundles it
     opens, made non-increasing along j (so a request's items are taken as a prefix)."""
-    efficiency = gains / priced
-    efficiency[:, 0] = (np.cumsum(gains, axis=1) / np.cumsum(priced, axis=1)).max(axis=1)
-    return np.minimum.accumulate(efficiency, axis=1)
+    bs, k_max = gains.shape
+    key = np.empty((bs, k_max))
+    for i in range(bs):
+        gain_sum, price_sum, bundle = 0.0, 0.0, -np.inf
+        for j in range(k_max):
+            gain_sum += gains[i, j]
+            price_sum += priced[i, j]
+            bundle = max(bundle, gain_sum / price_sum)
+        key[i, 0] = bundle
+        for j in range(1, k_max):
+            key[i, j] = min(key[i, j - 1], gains[i, j] / priced[i, j])
+    return key
 
 
 def _ceilings(gains: np.ndarray, priced: np.ndarray) -> np.ndarray:
