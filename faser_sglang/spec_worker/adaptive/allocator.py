@@ -36,17 +36,17 @@ far), and the best point is kept instead of stopping at the first item that does
 not pay: a new draft forward is shared by every request that uses it, and only the
 group pays for it. The walk is repeated for each depth cap 1..K_max (items deeper
 than the cap left out), so deep items of one excellent request cannot force a
-forward the others do not need; the K_max walks run at once, as the rows of
-[K_max, bs * K_max] array. A cap on the total drafts (the verify tokens the CUDA
+forward the others do not need. A cap on the total drafts (the verify tokens the CUDA
 graphs hold) ends every walk early. When catch-ups run in several forwards the walks
 are repeated once more with a piece-aware ranking (``allocate``). An item whose gain
 over its least marginal cost (own cost and one verify token; for a request's first
 item, over its best bundle) is at most the best rate found so far would lower the
 rate of any point it joined, so the walks leave such items out (the premises are at
-``_Walk.best``): at high load most.
+``_walk_kernel``): at high load most.
 All of it is a sort of bs * K_max items and K_max passes over them, compiled with
-numba (``@njit``: the same passes as NumPy array operations cost ~180 NumPy calls a
-step, 0.3-0.4 ms at any batch size on an H200's host). Before any of it, a bound returns the plain decode when no draft can pay,
+numba (``@njit``; as NumPy array operations the same passes cost ~180 NumPy calls a
+step, 0.2-0.5 ms at 1-64 requests on an H200 machine's host against 0.05-0.11 ms
+compiled: results/gpu/2026-12-04-policy-kernels.md). Before any of it, a bound returns the plain decode when no draft can pay,
 which at high load is most steps: for every depth c and every n, the n largest gains
 among positions < c at the price of the fastest step with n drafts at most c deep (a
 verify of bs + n tokens, c draft forwards, and the least catch-ups of the fewest
