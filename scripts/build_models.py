@@ -8,6 +8,7 @@ Subcommands (each output is a HuggingFace Llama directory SGLang loads as is)::
     python scripts/build_models.py truncate SRC OUT --layers 8
     python scripts/build_models.py widen SRC OUT --hidden 4096 --intermediate 14336 \\
         --heads 64 --kv-heads 16 --ballast 2
+    python scripts/build_models.py twins SRC OUT --preset cost-faithful-14b
     python scripts/build_models.py perturb SRC OUT --noise 0.05
     python scripts/build_models.py distill TARGET DRAFT OUT --steps 300
     python scripts/build_models.py pair OUT --preset cost-faithful   # or cost-faithful-14b, cpu
@@ -37,6 +38,7 @@ from faser_sglang.kit.drafts import (
     default_prompts,
     distill,
     perturb,
+    shape_twins,
     truncate_layers,
     widen,
 )
@@ -124,6 +126,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16")
 
+    p = sub.add_parser("twins", help="SRC widened to a preset's target and draft widths, no ballast")
+    p.add_argument("src", type=Path)
+    p.add_argument("out", type=Path, help="gets target/ and draft/")
+    p.add_argument("--preset", choices=PRESETS, required=True)
+
     p = sub.add_parser("perturb", help="add relative Gaussian noise to every tensor")
     p.add_argument("src", type=Path)
     p.add_argument("out", type=Path)
@@ -163,6 +170,12 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "widen":
         shape = WideShape(args.hidden, args.intermediate, args.heads, args.kv_heads, args.ballast)
         print(widen(args.src, args.out, **asdict(shape), seed=args.seed, dtype=DTYPES[args.dtype]))
+    elif args.command == "twins":
+        preset = PRESETS[args.preset]
+        if preset.target is None or preset.draft is None:
+            raise SystemExit(f"preset {args.preset} does not widen its models: no shape twins to build")
+        twins = shape_twins(args.src, args.out, preset.target, preset.draft)
+        print(json.dumps({role: str(path) for role, path in twins.items()}))
     elif args.command == "perturb":
         print(perturb(args.src, args.out, args.noise, args.seed))
     elif args.command == "distill":

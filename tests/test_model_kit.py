@@ -19,10 +19,11 @@ from faser_sglang.kit.drafts import (
     load_tensors,
     perturb,
     read_manifest,
+    shape_twins,
     truncate_layers,
     widen,
 )
-from faser_sglang.kit.presets import PRESETS
+from faser_sglang.kit.presets import PRESETS, WideShape
 from faser_sglang.kit.presets import main as presets_main
 from faser_sglang.kit.smollm2 import build_smollm2, gguf_path
 from faser_sglang.kit.tiny import build_tiny_llama
@@ -94,6 +95,25 @@ def test_widen_with_ballast_keeps_logits(tmp_path, num_heads, num_kv_heads):
         src, tmp_path / "again", 128, 256, num_heads, num_kv_heads, ballast_layers=2, dtype=torch.float32
     )
     assert all(torch.equal(t, load_tensors(again)[name]) for name, t in tensors.items())
+
+
+def test_shape_twins_take_the_widths_without_the_depth(tmp_path):
+    """Twins of a pair: its target's and draft's widths and heads, the tiny source's two
+    layers (no ballast), in bfloat16 as the pair is served; a second call keeps them.
+    (That widening keeps the logits is test_widen_with_ballast_keeps_logits's.)"""
+    src = build_tiny_llama(tmp_path / "src", seed=1)  # hidden 64, 4 q / 2 kv heads, 2 layers
+    target, draft = WideShape(128, 256, 8, 2, ballast_layers=5), WideShape(96, 192, 6, 2, ballast_layers=1)
+    twins = shape_twins(src, tmp_path / "twins", target, draft)
+    assert twins == {"target": tmp_path / "twins" / "target", "draft": tmp_path / "twins" / "draft"}
+    for role, shape in (("target", target), ("draft", draft)):
+        config = LlamaConfig.from_pretrained(str(twins[role]))
+        assert (config.hidden_size, config.intermediate_size) == (shape.hidden_size, shape.intermediate_size)
+        assert (config.num_attention_heads, config.num_key_value_heads) == (shape.num_heads, shape.num_kv_heads)
+        assert config.num_hidden_layers == 2
+        assert load_tensors(twins[role])["model.embed_tokens.weight"].dtype == torch.bfloat16
+    stamp = (twins["draft"] / "kit.json").stat().st_mtime_ns
+    shape_twins(src, tmp_path / "twins", target, draft)
+    assert (twins["draft"] / "kit.json").stat().st_mtime_ns == stamp
 
 
 def test_sharded_checkpoint_loads(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
 
+from faser_sglang.kit.presets import WideShape
 from faser_sglang.kit.tiny import CORPUS_MODULES
 
 RECIPE_FILE = "kit.json"
@@ -421,6 +422,18 @@ def widen(
     config.num_hidden_layers += ballast_layers
     config.rms_norm_eps = config.rms_norm_eps * src.hidden / hidden_size
     return save_checkpoint(out_dir, config, wide_tensors(), dtype=dtype, recipe=recipe, tokenizer_dir=src_dir)
+
+
+def shape_twins(src_dir: str | Path, out_dir: str | Path, target: WideShape, draft: WideShape) -> dict[str, Path]:
+    """``src_dir`` (a tiny model) widened to a pair's target and draft widths without
+    their ballast: OUT/target and OUT/draft have the pair's attention, norm and GEMM
+    shapes and the tiny model's few layers, so a server started on them compiles the
+    pair's kernels and its forwards cost the GPU little. A twin already built is kept
+    (``widen`` checks its recipe)."""
+    return {
+        role: widen(src_dir, Path(out_dir) / role, **{**asdict(shape), "ballast_layers": 0})
+        for role, shape in (("target", target), ("draft", draft))
+    }
 
 
 class _Widener:

@@ -98,8 +98,7 @@ case ${1:?call: 1|2|3|4} in
     # pair's attention shapes (head_dim, GQA groups; 2 layers) compile them now, while
     # the GGUF travels and the pair is built; timing waits for warm.done.
     log "background: kernel warm-up (shape twins of the cost-faithful pair; no-spec, faser, standalone-k1, ngram)"
-    background warm "python3 scripts/build_models.py widen $TINY/target $WARM/target $(preset target) >/dev/null \
-      && python3 scripts/build_models.py widen $TINY/target $WARM/draft $(preset draft) >/dev/null \
+    background warm "python3 scripts/build_models.py twins $TINY/target $WARM --preset $PAIR_PRESET >/dev/null \
       && python3 -m faser_sglang.bench.quick --target $WARM/target --draft $WARM/draft \
         --contenders no-spec faser standalone-k1 ngram --concurrency 8 --num-prompts 16 --max-new-tokens 16 \
         --server-args $SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 \

@@ -20,14 +20,10 @@ source scripts/gpu/env.sh
 OUT=${OUT:-$PWD/gpu-out}
 mkdir -p "$OUT"
 PAIR_PRESET=${PAIR_PRESET:-cost-faithful-14b}
-preset() { python3 -m faser_sglang.kit.presets "$PAIR_PRESET" "$1"; }
 TINY=/tmp/faser-tiny
-TWINS=/tmp/faser-twins
-if [[ ! -d $TWINS/draft ]]; then
-  python3 scripts/build_models.py tiny $TINY/target >/dev/null
-  python3 scripts/build_models.py widen $TINY/target $TWINS/target $(preset target) >/dev/null
-  python3 scripts/build_models.py widen $TINY/target $TWINS/draft $(preset draft) >/dev/null
-fi
+TWINS=/tmp/faser-twins  # kept while the machine stays warm (build_models.py checks the recipe)
+python3 scripts/build_models.py tiny $TINY/target >/dev/null
+python3 scripts/build_models.py twins $TINY/target $TWINS --preset $PAIR_PRESET >/dev/null
 W=/tmp/faser-ramp  # everything; $OUT gets the summaries and one archive (8 files come back)
 rm -rf $W /tmp/sglang-*.log
 mkdir -p $W
