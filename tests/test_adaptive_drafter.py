@@ -829,15 +829,14 @@ def test_catch_up_pieces_of_a_backlog_are_charged_over_the_horizon():
     pieces = CatchupPieces(np.array([302.0, 2.0]), piece_tokens=128, horizon=np.array([4.0, 1.0]))
     np.testing.assert_allclose(pieces.backlog_rate, [0.25, 0.0])  # no backlog: no rate
     # F(2) = 1 forward of its own; F(302) = 3, the 2 more are the backlog's: 1 + 2 / 4.
-    np.testing.assert_allclose(
-        pieces.charged(np.array([2.0, 2.0]), np.array([2.0, 302.0]), np.array([0.0, 0.25])), [1.0, 1.5]
-    )
+    assert allocator._charged_forwards(2.0, 2.0, 0.0, 128) == pytest.approx(1.0)
+    assert allocator._charged_forwards(2.0, 302.0, 0.25, 128) == pytest.approx(1.5)
     # Two backlogs of 300 over 4 and 12 steps: F(4) = 1, F(604) = 5, the 4 more charged at
     # the shorter horizon. Adding the second request never lowers the charge (the walks'
     # pruning needs that): 1 + 2 / 4 alone, 1 + 4 / 4 with it.
     both = CatchupPieces(np.array([302.0, 302.0]), piece_tokens=128, horizon=np.array([4.0, 12.0]))
     rate = both.backlog_rate.max()
-    np.testing.assert_allclose(both.charged(np.array([4.0]), np.array([604.0]), np.array([rate])), [2.0])
+    assert allocator._charged_forwards(4.0, 604.0, rate, both.piece_tokens) == pytest.approx(2.0)
     # The allocator charges exactly that: one request with the backlog, horizon 1.
     gains = np.full((1, 4), 0.99) ** np.arange(1, 5)
     seq, catchup = np.array([300]), np.array([301.0])

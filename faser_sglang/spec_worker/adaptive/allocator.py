@@ -107,11 +107,6 @@ class CatchupPieces:
         """[bs] 1 / h_i for a request with a backlog, 0 without one."""
         return np.where(self.total > self.steady, 1.0 / self.horizon, 0.0)
 
-    def charged(self, steady: np.ndarray, total: np.ndarray, rate: np.ndarray) -> np.ndarray:
-        """[n] forwards charged for catch-ups of ``steady`` / ``total`` tokens whose
-        backlogs' largest ``backlog_rate`` is ``rate`` ([n] each)."""
-        return np.array([_charged_forwards(s, t, r, self.piece_tokens) for s, t, r in zip(steady, total, rate)])
-
 
 @dataclass(frozen=True)
 class Allocation:
@@ -290,8 +285,9 @@ def _walk_kernel(
 
 @njit(cache=True)
 def _charged_forwards(steady: float, total: float, rate: float, piece_tokens: int) -> float:
-    """CatchupPieces' charge F(steady) + (F(total) - F(steady)) * rate, F the
-    forwards of policy.catchup_forwards."""
+    """Forwards CatchupPieces charges for catch-ups of ``steady`` / ``total`` tokens whose
+    backlogs' largest backlog_rate is ``rate``: F(steady) + (F(total) - F(steady)) * rate,
+    F the forwards of policy.catchup_forwards."""
     usual = _catchup_forwards(steady, piece_tokens)
     return usual + (_catchup_forwards(total, piece_tokens) - usual) * rate
 
