@@ -18,6 +18,12 @@ Each line is ``{"fn", "t", "ms", "mode", "bs", "tokens"}``:
   idle loop turns is recorded) or another SGLang forward mode;
 - ``bs`` and ``tokens``: the batch's requests and the tokens it feeds.
 
+A recorded idle pick also carries ``alloc_retries``: PyTorch's caching allocator's
+``num_alloc_retries`` so far on this process's GPU (None without CUDA). A retry frees
+cached blocks and synchronizes the device, so a server with less free memory (a draft
+model beside the target) can stall where another does not. The header names the
+server's ``FASER_CONFIG`` file, which tells apart FASER servers of one run.
+
 Nothing here synchronizes the device, so a traced server keeps its overlap. Each
 call costs the host one JSON line, written line-buffered: ~16 us on a 2-core CPU.
 That is up to 4 calls per iteration, a few percent of a 3 ms decode iteration. The hooks go in
@@ -32,6 +38,10 @@ import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
+
+import torch
+
+from faser_sglang.config import CONFIG_ENV
 
 TIMELINE_ENV = "FASER_SCHED_TIMELINE"
 
@@ -83,6 +93,7 @@ def _open(scheduler: Any) -> TextIO:
             "speculative_algorithm": args.speculative_algorithm,
             "speculative_num_steps": args.speculative_num_steps,
             "overlap": not args.disable_overlap_schedule,
+            "faser_config": os.environ.get(CONFIG_ENV),
         }
         _file.write(json.dumps(header) + "\n")
     return _file
@@ -104,6 +115,8 @@ def _timed(fn: str, batch_of: Callable[[tuple, Any], Any]) -> Callable:
                 return out
             _idle = batch is None
         fields = _batch_fields(batch)
+        if fields["mode"] == "idle" and fn == "get_next_batch_to_run":
+            fields["alloc_retries"] = _alloc_retries()
         # A FutureMap call comes after the scheduler's first get_next_batch_to_run,
         # which opened the file; the header needs the scheduler.
         if _file is not None or fn != "resolve_seq_lens_cpu":
@@ -112,6 +125,12 @@ def _timed(fn: str, batch_of: Callable[[tuple, Any], Any]) -> Callable:
         return out
 
     return hook
+
+
+def _alloc_retries() -> Optional[int]:
+    if not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.memory_stats().get("num_alloc_retries", 0)
 
 
 def hooks() -> list[tuple[str, Callable]]:

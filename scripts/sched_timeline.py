@@ -15,7 +15,8 @@ The rest ("other") is the loop's remaining work: receiving requests and the loop
 itself. ``--from`` / ``--to`` keep the iterations that start in that window, in seconds
 from the server's first busy iteration. Prints one markdown table over all files, one
 row per server and iteration kind, in ms per iteration: means (``--stat median``:
-medians, robust to a fresh server's first kernel compiles).
+medians, robust to a fresh server's first kernel compiles), then each server's CUDA
+allocator retries.
 """
 
 from __future__ import annotations
@@ -54,8 +55,10 @@ def split(pick: dict, calls: list[dict], end_t: float) -> dict[str, float]:
 
 
 def server_name(header: dict) -> str:
+    """"faser k7 (1234)", or with its FASER_CONFIG file's stem: "faser k7 (1234, faser-ad)"."""
     label = server_label(header.get("speculative_algorithm"), header.get("speculative_num_steps"))
-    return f"{label} ({header['pid']})"
+    config = header.get("faser_config")
+    return f"{label} ({header['pid']}{', ' + Path(config).stem if config else ''})"
 
 
 def load(path: Path) -> Timeline:
@@ -110,6 +113,16 @@ def table(timelines: list[Timeline], start: float = 0.0, end: float = float("inf
     return "\n".join(rows)
 
 
+def alloc_retries(timelines: list[Timeline]) -> str:
+    """One line per server: the CUDA caching allocator's retries by its last idle pick."""
+    lines = []
+    for timeline in timelines:
+        counts = [r["alloc_retries"] for r in timeline.records if r.get("alloc_retries") is not None]
+        if counts:
+            lines.append(f"- {timeline.name}: {counts[-1]} CUDA allocator retries by its last idle iteration")
+    return "\n".join(lines)
+
+
 def files(paths: list[Path]) -> list[Path]:
     out = []
     for path in paths:
@@ -124,4 +137,8 @@ if __name__ == "__main__":
     parser.add_argument("--to", dest="end", type=float, default=float("inf"))
     parser.add_argument("--stat", choices=("mean", "median"), default="mean")
     args = parser.parse_args()
-    print(table([load(p) for p in files(args.paths)], args.start, args.end, args.stat))
+    timelines = [load(p) for p in files(args.paths)]
+    print(table(timelines, args.start, args.end, args.stat))
+    retries = alloc_retries(timelines)
+    if retries:
+        print("\n" + retries)

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -350,6 +351,26 @@ def test_faser_ad_contenders_differ_only_in_the_schedule():
     assert sync.args == (*overlap.args, "--disable-overlap-schedule") and sync.env == overlap.env == {"FASER_CONFIG": "ad.json"}
     with pytest.raises(ValueError, match="faser-ad-sync needs a FASER_CONFIG"):
         servers.contender("faser-ad-sync", "D", 7)
+
+
+def test_faser_ad_variant_replaces_config_keys_and_rejects_typos(tmp_path):
+    from faser_sglang.bench import servers
+
+    base = tmp_path / "faser-ad.json"
+    base.write_text(json.dumps({"policy": "adaptive", "catchup_horizon": 16}))
+    c = servers.contender("faser-ad@draft_prefill=eager,catchup_horizon=4", "D", 7, faser_ad_config=str(base))
+    assert c.name == "faser-ad@draft_prefill=eager,catchup_horizon=4"
+    written = json.loads(Path(c.env["FASER_CONFIG"]).read_text())
+    assert written == {"policy": "adaptive", "catchup_horizon": 4, "draft_prefill": "eager"}
+    assert json.loads(base.read_text())["catchup_horizon"] == 16  # the base config is left as it was
+    sync = servers.contender("faser-ad-sync@window=8", "D", 7, faser_ad_config=str(base))
+    assert "--disable-overlap-schedule" in sync.args
+    with pytest.raises(ValueError, match="unknown key.*draft_prefil"):
+        servers.contender("faser-ad@draft_prefil=eager", "D", 7, faser_ad_config=str(base))
+    with pytest.raises(ValueError, match="'draft_prefill' must be one of"):
+        servers.contender("faser-ad@draft_prefill=sometimes", "D", 7, faser_ad_config=str(base))
+    with pytest.raises(ValueError, match="is not KEY=VALUE"):
+        servers.contender("faser-ad@eager", "D", 7, faser_ad_config=str(base))
 
 
 def test_launch_retries_on_a_port_taken_in_between(monkeypatch, tmp_path):

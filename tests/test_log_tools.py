@@ -132,6 +132,16 @@ def test_timeline_server_names(timeline):
     assert timeline.server_name({"pid": 5, "speculative_algorithm": None}) == "no-spec (5)"
     named = {"pid": 6, "speculative_algorithm": "STANDALONE", "speculative_num_steps": 3}
     assert timeline.server_name(named) == "standalone k3 (6)"
+    configured = {"pid": 7, "speculative_algorithm": "FASER", "speculative_num_steps": 7,
+                  "faser_config": "/r/faser-ad@draft_prefill=eager.json"}  # fmt: skip
+    assert timeline.server_name(configured) == "faser k7 (7, faser-ad@draft_prefill=eager)"
+
+
+def test_timeline_alloc_retries_takes_each_servers_last_count(timeline):
+    idle = [timeline_record("get_next_batch_to_run", t, 0.1, "idle") for t in (1.0, 2.0)]
+    idle[0]["alloc_retries"], idle[1]["alloc_retries"] = 0, 3
+    servers = [timeline.Timeline("faser k7 (1)", idle), timeline.Timeline("no-spec (2)", [])]
+    assert timeline.alloc_retries(servers) == "- faser k7 (1): 3 CUDA allocator retries by its last idle iteration"
 
 
 def test_timeline_load_skips_a_line_cut_off_by_the_server_stopping(timeline, tmp_path: Path):

@@ -4,7 +4,7 @@
         [--workload humaneval|sharegpt|long] [--trace bursty|poisson] \
         [--rate 4] [--peak-to-valley 20] [--duration 300] \
         [--contenders no-spec no-spec-control standalone-k1 standalone-k3 standalone-k5 standalone-k7 \
-                      ngram adaptive faser faser-ad] \
+                      ngram adaptive faser faser-ad faser-ad-sync faser-ad@KEY=VALUE,...] \
         [--faser-config F] [--faser-ad-config F] [--gpus 0 1] \
         [--sweep-rates 1 4 16] [--sweep-duration 30] [--quick] [--server-args ...]
 
@@ -14,7 +14,9 @@ once): no speculation; STANDALONE with the same draft at fixed lengths; NGRAM; S
 ``--speculative-adaptive`` (0.5.17 supports it only for EAGLE/EAGLE3 heads, so with a
 separate draft model it is reported as unavailable rather than silently run as
 fixed STANDALONE); FASER with its default per-request EMA policy (``faser``) and
-with the Adaptive Drafter (``faser-ad``, its config names the cost model). Each replays the same seeded trace (Poisson or bursty
+with the Adaptive Drafter (``faser-ad``, its config names the cost model; ``faser-ad-sync`` on
+SGLang's synchronous schedule; ``faser-ad@draft_prefill=eager`` and the like: that config with
+keys replaced, to A/B a FASER setting in the same run). Each replays the same seeded trace (Poisson or bursty
 Markov-modulated Poisson) of the same workload, greedy, and the run checks every
 contender produced the same tokens as no-spec (a mismatch is printed loudly: greedy
 speculation must be lossless up to bf16 near-ties). ``no-spec-control`` serves no-spec a
@@ -320,9 +322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.contenders = [c for c in args.contenders if c in QUICK_CONTENDERS] or list(QUICK_CONTENDERS)
     if args.contenders[0] != "no-spec":
         raise SystemExit("the first contender must be no-spec (the baseline)")
-    if "faser-ad" in args.contenders and not args.faser_ad_config:
-        raise SystemExit("contender faser-ad needs --faser-ad-config (a FASER_CONFIG with policy 'adaptive')")
     args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.contenders:  # a bad name or variant fails here, before any server starts
+        if name not in UNAVAILABLE:
+            try:
+                servers.contender(name, args.draft, args.k_max, args.faser_config, args.faser_ad_config)
+            except ValueError as e:
+                raise SystemExit(f"--contenders: {e}") from None
 
     trace = build_trace(args)
     traces.plot_trace(trace, args.out / "trace.png")

@@ -8,6 +8,7 @@ contenders can run one after another on one GPU inside one job.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -22,6 +23,8 @@ from typing import Mapping, Sequence
 
 import psutil
 import requests
+
+from faser_sglang.config import FaserConfig
 
 HOST = "127.0.0.1"
 
@@ -80,8 +83,10 @@ def contender(
 ) -> Contender:
     """A contender by its benchmark name: no-spec, no-spec-control (no-spec served
     again, for the run-to-run noise floor), standalone-k<K>, ngram, faser, faser-ad
-    (FASER with the adaptive policy's config) or faser-ad-sync (the same on SGLang's
-    synchronous schedule, ``--disable-overlap-schedule``)."""
+    (FASER with the adaptive policy's config), faser-ad-sync (the same on SGLang's
+    synchronous schedule, ``--disable-overlap-schedule``) or a faser-ad variant,
+    ``faser-ad@KEY=VALUE[,KEY=VALUE...]``: the faser-ad config with those keys
+    replaced (``variant_config``), so one run can A/B a FASER setting side by side."""
     if name == "no-spec":
         return no_spec()
     if name == CONTROL:
@@ -92,12 +97,40 @@ def contender(
         return ngram()
     if name == "faser":
         return faser(draft, k_max, faser_config)
-    if name in ("faser-ad", "faser-ad-sync"):
+    base, _, overrides = name.partition(VARIANT_SEP)
+    if base in ("faser-ad", "faser-ad-sync"):
         if faser_ad_config is None:
-            raise ValueError(f"contender {name} needs a FASER_CONFIG file with policy 'adaptive'")
-        c = faser(draft, k_max, faser_ad_config, name=name)
-        return Contender(name, (*c.args, "--disable-overlap-schedule") if name == "faser-ad-sync" else c.args, c.env)
+            raise ValueError(f"contender {name} needs a FASER_CONFIG file with policy 'adaptive' (--faser-ad-config)")
+        config = variant_config(faser_ad_config, name, overrides) if overrides else faser_ad_config
+        c = faser(draft, k_max, config, name=name)
+        return Contender(name, (*c.args, "--disable-overlap-schedule") if base == "faser-ad-sync" else c.args, c.env)
     raise ValueError(f"unknown contender {name!r}")
+
+
+VARIANT_SEP = "@"
+
+
+def variant_config(base_path: str, name: str, overrides: str) -> str:
+    """Write the config of variant ``name`` beside ``base_path``: the base config (JSON)
+    with ``overrides`` ("KEY=VALUE[,KEY=VALUE...]", each VALUE JSON or else a string)
+    applied, checked as a FASER config so that a typo fails before any server starts.
+    Returns the new file's path."""
+    try:
+        data = json.loads(Path(base_path).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"contender {name!r}: cannot read the faser-ad config {base_path} ({e})") from None
+    for item in overrides.split(","):
+        key, eq, raw = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"contender {name!r}: {item!r} is not KEY=VALUE (e.g. faser-ad@draft_prefill=eager)")
+        try:
+            data[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            data[key] = raw
+    FaserConfig.from_mapping(data, source=f"contender {name!r}")
+    path = Path(base_path).with_name(f"{name}.json")
+    path.write_text(json.dumps(data))
+    return str(path)
 
 
 @dataclass
