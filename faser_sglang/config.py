@@ -76,6 +76,10 @@ class FaserConfig:
     # never drafts never runs the draft) or "auto" (lazy for the adaptive policy, eager
     # for the others).
     draft_prefill: str = "auto"
+    # Adaptive policy: measure what each drafting step costs in the scheduler's loop
+    # beyond the cost model (adaptive/calibration.py) and add the median excess of the
+    # latest drafting steps to every drafting configuration's price.
+    step_calibration: bool = False
 
     @property
     def lazy_draft_prefill(self) -> bool:
@@ -113,6 +117,8 @@ class FaserConfig:
             )
         _check_cost_model_path(self.cost_model_path)
         _check_trace_path(self.trace_path)
+        if not isinstance(self.step_calibration, bool):
+            raise ValueError(f"FASER config 'step_calibration' must be true or false, got {self.step_calibration!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"FASER config 'seed' must be an integer, got {self.seed!r}")
 

@@ -1,6 +1,7 @@
 """Where a scheduler's loop iterations spend their time, from FASER_SCHED_TIMELINE files.
 
-    python scripts/sched_timeline.py DIR|sched-<pid>.jsonl [...] [--from S] [--to S]
+    python scripts/sched_timeline.py DIR|sched-<pid>.jsonl[.gz] [...] [--from S] [--to S] \
+        [--stat median] [--by-batch 8,32,128] [--above 11.5]
 
 Reads the timelines that ``faser_sglang.sched_timeline`` writes. An iteration runs
 from one ``get_next_batch_to_run`` call to the next, and its kind is the mode of the
@@ -16,17 +17,22 @@ itself. ``--from`` / ``--to`` keep the iterations that start in that window, in 
 from the server's first busy iteration. Prints one markdown table over all files, one
 row per server and iteration kind, in ms per iteration: means (``--stat median``:
 medians, robust to a fresh server's first kernel compiles), then each server's CUDA
-allocator retries.
+allocator retries. ``--by-batch`` splits the rows by batch size (a step's cost depends
+on it, and servers that keep up differently run different batches); ``--above`` splits
+them at an iteration time, which on a FASER server tells its drafting steps (whose time
+the timeline does not mark) from its plain ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional, Sequence
 
 from faser_sglang.sched_timeline import server_label
 
@@ -63,7 +69,8 @@ def server_name(header: dict) -> str:
 
 def load(path: Path) -> Timeline:
     lines = []
-    for line in path.read_text().splitlines():
+    text = gzip.open(path, "rt").read() if path.suffix == ".gz" else path.read_text()
+    for line in text.splitlines():
         try:
             lines.append(json.loads(line))
         except json.JSONDecodeError:
@@ -93,23 +100,60 @@ def iteration_stats(
         k = j
         while k < len(calls) and calls[k]["t"] < following["t"]:
             k += 1
-        stats[pick["mode"]].append(split(pick, calls[j:k], following["t"]))
+        stats[pick["mode"]].append({**split(pick, calls[j:k], following["t"]), "bs": pick["bs"]})
     return dict(stats)
 
 
-def table(timelines: list[Timeline], start: float = 0.0, end: float = float("inf"), stat: str = "mean") -> str:
-    """One row per server and iteration kind: each column's mean (they add up to the
+def groups(
+    iterations: list[dict[str, float]], edges: Sequence[int], above: Optional[float]
+) -> list[tuple[str, list[dict[str, float]]]]:
+    """(label, iterations) per batch-size bucket (``edges``: upper bounds, e.g. 8, 32, 128;
+    none: one group), each split at ``above`` ms of iteration time when given."""
+    buckets: list[tuple[str, list[dict[str, float]]]] = []
+    low = 1
+    for edge in edges:
+        buckets.append((f"{low}-{edge}", [it for it in iterations if low <= it["bs"] <= edge]))
+        low = edge + 1
+    if not edges:
+        buckets.append(("all", iterations))
+    elif any(it["bs"] >= low for it in iterations):
+        buckets.append((f">={low}", [it for it in iterations if it["bs"] >= low]))
+    if above is None:
+        return [(label, its) for label, its in buckets if its]
+    out = []
+    for label, its in buckets:
+        for side, part in ((f"<={above:g} ms", [it for it in its if it["iteration"] <= above]),
+                           (f">{above:g} ms", [it for it in its if it["iteration"] > above])):  # fmt: skip
+            if part:
+                out.append((f"{label}, {side}", part))
+    return out
+
+
+def table(
+    timelines: list[Timeline],
+    start: float = 0.0,
+    end: float = float("inf"),
+    stat: str = "mean",
+    edges: Sequence[int] = (),
+    above: Optional[float] = None,
+) -> str:
+    """One row per server and iteration kind (and, with ``edges`` or ``above``, per batch
+    size bucket and iteration-time side): each column's mean (they add up to the
     iteration) or median (robust to a fresh server's first compiles; they need not add
     up) over the kind's iterations, in ms."""
     aggregate = statistics.fmean if stat == "mean" else statistics.median
+    grouped = bool(edges) or above is not None
+    batch = " batch |" if grouped else ""
     rows = [
-        f"| server | iteration | count | {stat} ms | pick | launch | (resolve wait) | result | other |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"| server | iteration |{batch} count | {stat} ms | pick | launch | (resolve wait) | result | other |",
+        "|---|---|" + ("---|" if grouped else "") + "---|---|---|---|---|---|---|",
     ]
     for timeline in timelines:
         for mode, iterations in sorted(iteration_stats(timeline.records, start, end).items()):
-            cells = " | ".join(f"{aggregate([it[c] for it in iterations]):.2f}" for c in COLUMNS)
-            rows.append(f"| {timeline.name} | {mode} | {len(iterations)} | {cells} |")
+            parts = groups(iterations, edges, above) if grouped else [("", iterations)]
+            for label, its in parts:
+                cells = " | ".join(f"{aggregate([it[c] for it in its]):.2f}" for c in COLUMNS)
+                rows.append(f"| {timeline.name} | {mode} |{f' {label} |' if grouped else ''} {len(its)} | {cells} |")
     return "\n".join(rows)
 
 
@@ -126,7 +170,7 @@ def alloc_retries(timelines: list[Timeline]) -> str:
 def files(paths: list[Path]) -> list[Path]:
     out = []
     for path in paths:
-        out.extend(sorted(path.glob("sched-*.jsonl")) if path.is_dir() else [path])
+        out.extend(sorted(path.glob("sched-*.jsonl*")) if path.is_dir() else [path])
     return out
 
 
@@ -136,9 +180,16 @@ if __name__ == "__main__":
     parser.add_argument("--from", dest="start", type=float, default=0.0, help="seconds from the first busy iteration")
     parser.add_argument("--to", dest="end", type=float, default=float("inf"))
     parser.add_argument("--stat", choices=("mean", "median"), default="mean")
+    parser.add_argument(
+        "--by-batch", type=lambda v: [int(x) for x in v.split(",")], default=[],
+        help="batch-size bucket upper bounds, e.g. 8,32,128: one row per bucket",
+    )  # fmt: skip
+    parser.add_argument(
+        "--above", type=float, help="also split each row at this iteration ms (a FASER server's drafting steps)"
+    )
     args = parser.parse_args()
     timelines = [load(p) for p in files(args.paths)]
-    print(table(timelines, args.start, args.end, args.stat))
+    print(table(timelines, args.start, args.end, args.stat, args.by_batch, args.above))
     retries = alloc_retries(timelines)
     if retries:
         print("\n" + retries)

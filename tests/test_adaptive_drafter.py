@@ -27,6 +27,7 @@ from faser_sglang.spec_worker.adaptive import (
     CostModel,
     Deployment,
     DraftCost,
+    DraftingOverhead,
     ModelShape,
     PlainCost,
     StepSample,
@@ -40,7 +41,7 @@ from faser_sglang.spec_worker.adaptive import (
     read_cost_entries,
     write_cost_entry,
 )
-from faser_sglang.spec_worker.adaptive import allocator
+from faser_sglang.spec_worker.adaptive import allocator, drafter
 from faser_sglang.spec_worker.policy import (
     EmaLengthPolicy,
     FixedLengthPolicy,
@@ -750,6 +751,64 @@ def test_adaptive_policy_resumes_drafting_after_an_unlucky_start():
     assert all(d >= 4 for d in drafted[-20:])  # and it came back
 
 
+def test_drafting_overhead_times_drafting_steps_that_follow_drafting_steps():
+    """Only a drafting step after a drafting step, with no prefill between, is timed:
+    after a plain step the host runs ahead and the interval would hold that step's rest."""
+    overhead = DraftingOverhead(window=4, min_samples=2)
+    overhead.step(0.000, None)  # plain
+    overhead.step(0.010, 0.015)  # drafting after plain: not timed
+    overhead.step(0.030, 0.015)  # closes the one before: not timed (it followed a plain step)
+    assert list(overhead.excess) == [] and overhead.seconds == 0.0
+    overhead.step(0.048, None)  # closes the drafting step at 0.030: 18 ms against 15
+    assert overhead.excess[-1] == pytest.approx(0.003)
+    assert overhead.seconds == 0.0  # fewer than min_samples
+    overhead.step(0.060, 0.015)
+    overhead.prefill()  # a prefill between: the interval is not timed
+    overhead.step(0.090, 0.015)
+    overhead.step(0.107, 0.015)  # after the prefill this one follows a drafting step
+    overhead.step(0.130, None)  # 23 ms against 15
+    assert list(overhead.excess) == pytest.approx([0.003, 0.008])
+    assert overhead.seconds == pytest.approx(0.0055)
+    for t in (0.2, 0.3, 0.4, 0.5, 0.6, 0.7):  # 100 ms intervals priced at 90: excess 10 ms each
+        overhead.step(t, 0.09)
+    assert list(overhead.excess) == pytest.approx([0.01] * 4)  # the window keeps the latest 4
+
+
+def test_drafting_overhead_switches_off_drafts_that_only_paid_on_paper():
+    """Drafting pays under the model by a margin smaller than a measured overhead: with the
+    overhead priced, the same request decodes plainly."""
+    gains = np.array([[0.6, 0.35, 0.2]])
+    seq = np.array([300])
+    drafted = allocate(gains, seq, np.array([1.0]), H200_14B)
+    assert drafted.draft_lens[0] > 0
+    # The overhead at which the drafted step's rate falls to the plain step's.
+    margin = drafted.expected_tokens * H200_14B.no_draft_time([300]) - drafted.step_seconds
+    assert margin > 0
+    assert allocate(gains, seq, np.array([1.0]), H200_14B, drafting_overhead=0.5 * margin).draft_lens[0] > 0
+    assert allocate(gains, seq, np.array([1.0]), H200_14B, drafting_overhead=1.5 * margin).draft_lens == (0,)
+
+
+def test_step_calibration_feeds_measured_drafting_steps_to_the_allocator(caplog, monkeypatch):
+    monkeypatch.setattr(drafter, "CALIBRATION_LOG_EVERY", 10)
+    caplog.set_level(logging.INFO, logger=drafter.__name__)
+    calibrated = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive", step_calibration=True), H200_14B)
+    assert AdaptiveDrafterPolicy(FaserConfig(policy="adaptive"), H200_14B).overhead is None
+    for _ in range(16):
+        calibrated.observe(["a"], [3], [2])
+    ctx = StepContext((300,), (299,))
+    lengths = calibrated.choose(["a"], 3, ctx)
+    assert lengths[0] > 0
+    predicted = H200_14B.step_time(lengths, ctx.seq_lens, ctx.catchup_tokens())
+    t = 0.0
+    for _ in range(12):  # every drafting step takes twice its predicted time
+        calibrated.step_began(t, lengths, ctx)
+        t += 2 * predicted
+    assert calibrated.overhead.seconds == pytest.approx(predicted)
+    assert calibrated.overhead.measured == 10  # the first two close intervals nothing timed
+    assert f"take {1e3 * predicted:.2f} ms more than the cost model predicts" in caplog.text
+    assert calibrated.choose(["a"], 3, ctx) == [0]
+
+
 def test_charged_catchup_spreads_a_backlog_over_the_horizon():
     np.testing.assert_allclose(charged_catchup(np.array([1, 2, 3, 302]), 16), [1, 2, 2 + 1 / 16, 2 + 300 / 16])
     np.testing.assert_allclose(charged_catchup(np.array([1, 302]), 1), [1, 302])
@@ -909,6 +968,7 @@ def test_random_policy_covers_lengths_reproducibly():
         ({"catchup_horizon": 1.5}, "catchup_horizon"),
         ({"cost_model_path": 3}, "cost_model_path"),
         ({"cost_model_path": "/nonexistent/costs.json"}, "cost_model_path"),
+        ({"step_calibration": "yes"}, "step_calibration"),
     ],
 )
 def test_bad_adaptive_config_names_the_key(data, key):

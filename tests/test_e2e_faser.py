@@ -328,10 +328,14 @@ def test_abort_frees_kv(faser):
     assert len(generate(faser.base_url, ["after abort"], GREEDY)[0]["output_ids"]) == 32
 
 
-@pytest.mark.parametrize("policy", ["adaptive", "random"])
-def test_greedy_equality_holds_for_every_length_policy(nospec, tiny_models, tmp_path, policy):
+@pytest.mark.parametrize(
+    "policy, extra",
+    [("adaptive", {}), ("adaptive", {"step_calibration": True}), ("random", {})],
+    ids=["adaptive", "adaptive-calibrated", "random"],
+)
+def test_greedy_equality_holds_for_every_length_policy(nospec, tiny_models, tmp_path, policy, extra):
     trace = tmp_path / "trace.jsonl"
-    env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7)
+    env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7, **extra)
     reference = ids(generate(nospec.base_url, PROMPTS, GREEDY))
     with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
         assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference

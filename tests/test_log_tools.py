@@ -3,6 +3,7 @@ and the event-loop profile from py-spy raw stacks."""
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,21 @@ def test_timeline_iterations_sum_the_calls_inside_them(timeline):
     assert medians[3] == "| faser k7 (1) | prefill | 2 | 15.00 | 0.45 | 2.50 | 0.00 | 2.50 | 9.55 |"
 
 
+def test_timeline_rows_by_batch_size_and_iteration_time(timeline):
+    def decode(t, bs):
+        return {"fn": "get_next_batch_to_run", "t": t, "ms": 0.1, "mode": "decode", "bs": bs, "tokens": bs}
+
+    # Iterations: bs 2 for 9 ms, bs 2 for 18 ms, bs 40 for 12 ms (the last pick closes it).
+    records = [decode(1.000, 2), decode(1.009, 2), decode(1.027, 40), decode(1.039, 40)]
+    rows = timeline.table([timeline.Timeline("faser k7 (1)", records)], stat="median", edges=[8, 32]).splitlines()
+    assert rows[0].startswith("| server | iteration | batch | count | median ms |")
+    assert [r.split(" | ")[2:5] for r in rows[2:]] == [["1-8", "2", "13.50"], [">=33", "1", "12.00"]]
+    split = timeline.table([timeline.Timeline("f", records)], edges=[8], above=11.5).splitlines()
+    assert [r.split(" | ")[2:5] for r in split[2:]] == [
+        ["1-8, <=11.5 ms", "1", "9.00"], ["1-8, >11.5 ms", "1", "18.00"], [">=9, >11.5 ms", "1", "12.00"]
+    ]  # fmt: skip
+
+
 def test_timeline_server_names(timeline):
     assert timeline.server_name({"pid": 5, "speculative_algorithm": None}) == "no-spec (5)"
     named = {"pid": 6, "speculative_algorithm": "STANDALONE", "speculative_num_steps": 3}
@@ -150,3 +166,7 @@ def test_timeline_load_skips_a_line_cut_off_by_the_server_stopping(timeline, tmp
     path.write_text(header + '{"fn": "run_batch", "t": 1.0, "ms": 2.0, "mode": "decode", "bs": 1, "tokens": 1}\n{"fn": "get_ne')
     loaded = timeline.load(path)
     assert loaded.name == "no-spec (3)" and len(loaded.records) == 1
+    packed = tmp_path / "sched-3.jsonl.gz"  # a results directory keeps them gzipped
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert timeline.load(packed).records == loaded.records
+    assert timeline.files([tmp_path]) == [path, packed]

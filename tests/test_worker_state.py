@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from faser_sglang.metrics import FaserStats, PhaseClock
+from faser_sglang.spec_worker.policy import Untimed
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.token_history import TokenHistory
 from faser_sglang.spec_worker.worker import FORGET_AFTER_STEPS, FaserWorker, PendingStep
@@ -54,7 +55,7 @@ def test_draft_kv_bound_resolves_against_the_next_committed_length():
     assert state.future_indices.tolist() == [5, 7, 2] and state.bonus_tokens.tolist() == [1, 3, 9]
 
 
-class _Policy:
+class _Policy(Untimed):
     def __init__(self):
         self.observed: list[tuple[list[str], list[int], list[int]]] = []
         self.forgotten: list[str] = []

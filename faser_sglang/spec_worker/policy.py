@@ -115,9 +115,25 @@ class LengthPolicy(Protocol):
 
     def forget(self, rid: str) -> None: ...
 
+    def step_began(self, started: float, lengths: Sequence[int], context: Optional[StepContext]) -> None:
+        """A decode step began at ``started`` (time.perf_counter()) with these final lengths."""
+
+    def prefill_ran(self) -> None:
+        """A prefill step ran (between two decode steps)."""
+
+
+class Untimed:
+    """step_began and prefill_ran for policies that do not time their steps."""
+
+    def step_began(self, started: float, lengths: Sequence[int], context: Optional[StepContext]) -> None:
+        pass
+
+    def prefill_ran(self) -> None:
+        pass
+
 
 @dataclass
-class FixedLengthPolicy:
+class FixedLengthPolicy(Untimed):
     """Every request drafts K_max tokens (vanilla speculative decoding)."""
 
     def choose(
@@ -144,7 +160,7 @@ def step_accept_rate(draft_len: int, num_accepted: int) -> float:
 
 
 @dataclass
-class EmaLengthPolicy:
+class EmaLengthPolicy(Untimed):
     """k_i from an exponential moving average of request i's acceptance rate.
 
     The expected value of the j-th draft token is rate**j (it counts only if all
@@ -190,7 +206,7 @@ class EmaLengthPolicy:
 
 
 @dataclass
-class RandomLengthPolicy:
+class RandomLengthPolicy(Untimed):
     """Random lengths, for profiling step costs (scripts/profile_costs.py).
 
     Each step draws a cap m uniform in [0, K_max] and every request a k_i uniform in

@@ -138,6 +138,7 @@ class FaserWorker(BaseSpecWorker):
         # forward, so they are published first: the scheduler, which waits for them
         # before it launches the next step, launches it while the prefill still runs
         # (every read of this step's output is on the device, in stream order).
+        self.policy.prefill_ran()
         new_seq_lens = batch.seq_lens
         if on_publish is not None:
             on_publish(new_seq_lens)
@@ -182,6 +183,7 @@ class FaserWorker(BaseSpecWorker):
         )
         lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), remaining)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
+        self.policy.step_began(started, lengths, context)
         bonus = self.history.bonus(batch)  # [bs]
         if not any(lengths) and not batch.return_logprob:
             clock.mark("policy")

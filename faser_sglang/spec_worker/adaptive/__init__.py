@@ -5,11 +5,13 @@ and sliding-window acceptance estimates, chosen to maximise the batch's tokens/s
     cost_model.py  step time = draft time + verify time (profiled fit or roofline)
     hardware.py    GPU datasheet numbers and model sizes for the roofline fallback
     allocator.py   greedy marginal-gain choice of every k_i for one step
+    calibration.py what a drafting step costs in the scheduler loop beyond the cost model
     drafter.py     AdaptiveDrafterPolicy (policy "adaptive") and its cost-model loading
 """
 
 from faser_sglang.spec_worker.adaptive.acceptance import AcceptanceWindows
 from faser_sglang.spec_worker.adaptive.allocator import Allocation, CatchupPieces, allocate
+from faser_sglang.spec_worker.adaptive.calibration import DraftingOverhead
 from faser_sglang.spec_worker.adaptive.cost_model import (
     CostKey,
     CostModel,
@@ -39,6 +41,7 @@ __all__ = [
     "CostKey",
     "CostModel",
     "Deployment",
+    "DraftingOverhead",
     "DraftCost",
     "GpuSpec",
     "ModelShape",

@@ -126,6 +126,7 @@ def allocate(
     cost: CostModel,
     max_drafts: Optional[int] = None,  # at most this many drafts in all (None: no cap)
     pieces: Optional[CatchupPieces] = None,  # None: a catch-up is one forward
+    drafting_overhead: float = 0.0,  # seconds any drafting step adds beyond ``cost`` (calibration.py)
 ) -> Allocation:
     """Draft lengths maximising expected tokens per second (see the module docstring).
 
@@ -141,8 +142,8 @@ def allocate(
         return no_draft
     context = float(seq_lens.sum())
     verify = cost.verify.time(bs, bs + np.arange(bs * k_max + 1), context)  # [M+1]
-    # [K+1] seconds of draft forwards when the deepest draft is 0..K.
-    forward = np.concatenate(([0.0], d.extend_forward + d.decode_forward * np.arange(k_max)))
+    # [K+1] seconds of draft forwards (and the drafting step's overhead) when the deepest draft is 0..K.
+    forward = np.concatenate(([0.0], drafting_overhead + d.extend_forward + d.decode_forward * np.arange(k_max)))
     own = np.empty((bs, k_max))  # [bs, K] item's own draft cost c[i, j]
     own[:] = (d.row_step + d.context_row_step * seq_lens)[:, None]
     own[:, 0] = d.catchup_token * np.asarray(catchup, np.float64) + d.context_row_step * seq_lens

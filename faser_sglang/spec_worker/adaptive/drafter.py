@@ -20,6 +20,7 @@ import numpy as np
 from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.adaptive.acceptance import AcceptanceWindows
 from faser_sglang.spec_worker.adaptive.allocator import CatchupPieces, allocate
+from faser_sglang.spec_worker.adaptive.calibration import DraftingOverhead
 from faser_sglang.spec_worker.adaptive.cost_model import (
     FILE_FORMAT,
     OLDER_FORMATS,
@@ -37,6 +38,9 @@ from faser_sglang.spec_worker.validation import MAX_DRAFT_LEN
 # Steps over which the batch's growth is measured (horizons()): short, so a burst
 # shortens the catch-up horizon within a few steps of its start.
 GROWTH_WINDOW_STEPS = 4
+
+# step_calibration logs its estimate every this many timed drafting steps.
+CALIBRATION_LOG_EVERY = 200
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +136,8 @@ class AdaptiveDrafterPolicy:
             prior_strength=config.prior_strength,
             pool_prior_strength=config.pool_prior_strength,
         )
+        # None: drafting steps are priced by the cost model alone.
+        self.overhead = DraftingOverhead() if config.step_calibration else None
         compile_kernels()
 
     def choose(self, rids: Sequence[str], k_max: int, context: Optional[StepContext] = None) -> list[int]:
@@ -166,8 +172,31 @@ class AdaptiveDrafterPolicy:
             self.cost_model,
             max_drafts=context.max_drafts(),
             pieces=pieces,
+            drafting_overhead=0.0 if self.overhead is None else self.overhead.seconds,
         )
         return list(allocation.draft_lens)
+
+    def step_began(self, started: float, lengths: Sequence[int], context: Optional[StepContext]) -> None:
+        """Times drafting steps against the cost model (step_calibration)."""
+        if self.overhead is None or context is None:
+            return
+        predicted = None
+        if any(lengths):  # its whole catch-up runs this step, not the charged share
+            predicted = self.cost_model.step_time(
+                lengths, context.seq_lens, context.catchup_tokens(), context.catchup_piece_tokens
+            )
+        measured = self.overhead.measured
+        self.overhead.step(started, predicted)
+        if self.overhead.measured > measured and self.overhead.measured % CALIBRATION_LOG_EVERY == 0:
+            logger.info(
+                "FASER adaptive: drafting steps take %.2f ms more than the cost model predicts "
+                "(median of the latest %d of %d timed); priced from now on",
+                1e3 * self.overhead.seconds, len(self.overhead.excess), self.overhead.measured,
+            )  # fmt: skip
+
+    def prefill_ran(self) -> None:
+        if self.overhead is not None:
+            self.overhead.prefill()
 
     def horizons(self, context: StepContext, gains: np.ndarray) -> np.ndarray:
         """[bs] steps over which each request's catch-up backlog is charged: the steps
