@@ -4,7 +4,8 @@
         [--accept-spread 0.13] [--bad-accept 0.3 --bad-steps 100] [--batch-sizes 1 4 16 64] [--steps 3000] \\
         [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16] \\
         [--catchup-piece-tokens 128] [--max-verify-tokens 128] [--fixed-lengths 1 3 5] \\
-        [--ramp START END GROW [--ramp-warm-steps 600] [--ramp-hold-steps 100]]
+        [--ramp START END GROW [--ramp-warm-steps 600] [--ramp-hold-steps 100]] \
+        [--drafting-overhead-ms 3 [--step-calibration]]
 
 No GPU and no server: the real policy object (acceptance windows, pooled prior,
 allocator) chooses every step's lengths; drafts are accepted at random with the given
@@ -37,6 +38,12 @@ against it: the A/B's bar "1.2x the best fixed length" read at one batch size. W
 shows is the policy's behaviour under the cost model (does it draft where drafting pays,
 recover from a bad start, stay off where it does not pay, how far it can beat a fixed
 length at a load), not a measured speed.
+
+--drafting-overhead-ms makes every drafting step (adaptive and fixed) take that much
+longer than the cost model predicts, as the scheduler's loop does on the GPU when a step
+publishes its lengths only after its accept; the speed-ups are then against the true
+times. --step-calibration turns on the policy's ``step_calibration``, which measures that
+excess from the simulated step times and prices it (adaptive/calibration.py).
 
 With --ramp it also replays a burst: --ramp-warm-steps steps at START requests, then GROW
 more requests every step up to END, then --ramp-hold-steps steps at END, and prints the
@@ -101,6 +108,7 @@ class SimulatedServer:
         piece_tokens: Optional[int] = None,
         max_verify_tokens: Optional[int] = None,
         fixed_length: Optional[int] = None,  # every request drafts this instead of the adaptive choice
+        drafting_overhead: float = 0.0,  # seconds every drafting step takes beyond the cost model
     ):
         self.cost, self.k_max, self.fixed_length = cost, k_max, fixed_length
         self.accept, self.bad_accept, self.bad_steps = accept, bad_accept, bad_steps
@@ -112,6 +120,8 @@ class SimulatedServer:
         self.offset: dict[str, float] = {}  # rid -> its shift of every acceptance probability
         self.next_id = 0
         self.steps = 0
+        self.drafting_overhead = drafting_overhead
+        self.clock = 0.0  # simulated seconds: when the next step starts (step_calibration times it)
 
     def step(self, batch_size: int) -> StepOutcome:
         """One decode step of ``batch_size`` requests (new ones join to make it up)."""
@@ -130,6 +140,8 @@ class SimulatedServer:
         # Capped near max_new_tokens as the worker caps them (worker.cap_to_remaining).
         chosen = [self.fixed_length] * len(rids) if policy is None else policy.choose(rids, self.k_max, context)
         lengths = [min(k, cap) for k, cap in zip(chosen, draft_caps(remaining, self.k_max))]
+        if policy is not None:
+            policy.step_began(self.clock, lengths, context)
         bad = self.steps < self.bad_steps
         probs = self.bad_accept if bad else self.accept
         shift = {} if bad else self.offset  # the bad start is the same for everyone
@@ -138,7 +150,8 @@ class SimulatedServer:
             policy.observe(rids, lengths, accepted)
         outcome = StepOutcome(
             tokens=sum(accepted) + len(rids),
-            seconds=self.cost.step_time(lengths, seq_lens, context.catchup_tokens(), self.piece_tokens),
+            seconds=self.cost.step_time(lengths, seq_lens, context.catchup_tokens(), self.piece_tokens)
+            + (self.drafting_overhead if any(lengths) else 0.0),
             plain_seconds=self.cost.no_draft_time(seq_lens),
             drafts=sum(lengths),
             requests=len(rids),
@@ -156,6 +169,7 @@ class SimulatedServer:
                     policy.forget(rid)
                 del live[rid], self.offset[rid]
         self.steps += 1
+        self.clock += outcome.seconds
         return outcome
 
 
@@ -238,11 +252,18 @@ def main(argv: list[str] | None = None) -> None:
                    help="also a burst: START requests, then GROW more per step up to END")
     p.add_argument("--ramp-warm-steps", type=int, default=600, help="steps at START before the burst")
     p.add_argument("--ramp-hold-steps", type=int, default=100, help="steps at END after it")
+    p.add_argument(
+        "--drafting-overhead-ms", type=float, default=0.0,
+        help="every drafting step takes this much longer than the cost model predicts (adaptive and fixed runs)",
+    )  # fmt: skip
+    p.add_argument("--step-calibration", action="store_true", help="the policy prices that overhead as it measures it")
     args = p.parse_args(argv)
 
     entries = list(read_cost_entries(args.costs)[0].items())
     key, cost = entries[args.key]
-    config = FaserConfig(policy="adaptive", catchup_horizon=args.catchup_horizon)
+    config = FaserConfig(
+        policy="adaptive", catchup_horizon=args.catchup_horizon, step_calibration=args.step_calibration
+    )
     print(f"cost model: {key}")
     fixed = [k for k in args.fixed_lengths if k > 0]
     if any(k > args.k_max for k in fixed):
@@ -251,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         accept=args.accept, bad_accept=args.bad_accept, bad_steps=args.bad_steps, k_max=args.k_max,
         prompt_tokens=tuple(args.prompt_tokens), output_tokens=args.output_tokens, eager_prefill=args.eager_prefill,
         seed=args.seed, accept_spread=args.accept_spread, piece_tokens=args.catchup_piece_tokens or None,
-        max_verify_tokens=args.max_verify_tokens or None,
+        max_verify_tokens=args.max_verify_tokens or None, drafting_overhead=args.drafting_overhead_ms / 1e3,
     )  # fmt: skip
     if args.batch_sizes:
         print(

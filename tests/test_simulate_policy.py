@@ -132,3 +132,19 @@ def test_cli_prints_a_table(script, tmp_path, capsys):
     with pytest.raises(SystemExit):
         script.main(["--costs", str(costs), "--ramp", "8", "8", "1"])
     assert "START < END" in capsys.readouterr().err
+
+
+def test_step_calibration_prices_an_overhead_the_cost_model_misses(script):
+    """Every drafting step takes 3 ms more than the model says (the scheduler's loop on
+    the GPU, results/gpu/2026-12-04-14b-ab8.md). Where drafts are accepted at about 0.5,
+    drafting on the model's word loses against plain decoding; measuring the excess
+    (step_calibration) switches that drafting off. Where drafts pay anyway, it keeps them."""
+    calibrated = FaserConfig(policy="adaptive", step_calibration=True)
+    mediocre = dict(accept=[0.55, 0.5], accept_spread=0.13, drafting_overhead=3e-3)
+    blind = run(script, 4, **mediocre)
+    measured = run(script, 4, calibrated, **mediocre)
+    assert blind.speedup < 0.98 and measured.speedup > 0.98
+    assert measured.drafting_steps < blind.drafting_steps / 2
+    good = dict(accept=[0.8, 0.75, 0.7], accept_spread=0.13, drafting_overhead=3e-3)
+    paying = run(script, 4, calibrated, **good)
+    assert paying.drafting_steps > 0.8 and paying.speedup > 1.15
