@@ -2,13 +2,14 @@
 
 The cost model is profiled from the worker's own phases (draft forwards, verify). Under
 SGLang's overlap schedule a plain step publishes its lengths before its forward, so the
-scheduler prepares the next step while the GPU runs; the plain fit matches the loop's
-iterations (13.5B pair on an H200: 8.5-8.9 ms measured, 8.8-9.0 predicted at 1-8
-requests). A drafting step publishes only after its accept, so the scheduler's work
-before the next launch (picking the batch, KV reservation, result processing) runs while
-the GPU waits. On that pair drafting iterations took 17.7-18.6 ms where the model priced
-about 15 ms (results/gpu/2026-12-04-14b-ab8.md), enough to turn a predicted gain into a
-loss at small batches.
+scheduler prepares the next step while the GPU runs, and the plain fit matches the
+loop's iterations: on the 13.5B pair on an H200, 8.5-8.9 ms measured against 8.8-9.0 ms
+predicted at 1-8 requests. A drafting step publishes only after its accept. The
+scheduler's work before the next launch (picking the batch, reserving KV, processing
+results) then runs while the GPU waits, and so does the host's preparation of the next
+step's first forward. On that pair drafting iterations took 17.7-18.6 ms where the model
+priced about 15 ms (results/gpu/2026-12-04-14b-ab8.md). That was enough to turn a
+predicted gain into a loss at small batches.
 
 ``DraftingOverhead`` measures that excess online: the interval between the start of a
 drafting step and the start of the next decode step, less the model's prediction for
@@ -39,6 +40,8 @@ class _Step:
 
 
 class DraftingOverhead:
+    """The latest drafting steps' excess over the cost model, timed from step starts."""
+
     def __init__(self, window: int = WINDOW, min_samples: int = MIN_SAMPLES) -> None:
         self.excess: deque[float] = deque(maxlen=window)  # seconds, latest drafting steps
         self.measured = 0  # drafting steps timed so far
