@@ -48,14 +48,17 @@ class DraftingOverhead:
         self.min_samples = min_samples
         self._last: Optional[_Step] = None
 
-    def step(self, started: float, predicted: Optional[float]) -> None:
+    def step(self, started: float, predicted: Optional[float]) -> bool:
         """A decode step began at ``started``; ``predicted``: the model's seconds if it
-        drafts, None if not. Closes the previous step's interval."""
+        drafts, None if not. Closes the previous step's interval; True if that timed a
+        drafting step."""
         last = self._last
-        if last is not None and last.predicted is not None and last.after_drafting:
-            self.excess.append(started - last.started - last.predicted)
-            self.measured += 1
         self._last = _Step(started, predicted, last is not None and last.predicted is not None)
+        if last is None or last.predicted is None or not last.after_drafting:
+            return False
+        self.excess.append(started - last.started - last.predicted)
+        self.measured += 1
+        return True
 
     def prefill(self) -> None:
         """A prefill ran: the interval around it is not a decode step's."""

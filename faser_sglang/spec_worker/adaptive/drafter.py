@@ -185,9 +185,7 @@ class AdaptiveDrafterPolicy:
             predicted = self.cost_model.step_time(
                 lengths, context.seq_lens, context.catchup_tokens(), context.catchup_piece_tokens
             )
-        measured = self.overhead.measured
-        self.overhead.step(started, predicted)
-        if self.overhead.measured > measured and self.overhead.measured % CALIBRATION_LOG_EVERY == 0:
+        if self.overhead.step(started, predicted) and self.overhead.measured % CALIBRATION_LOG_EVERY == 0:
             logger.info(
                 "FASER adaptive: drafting steps take %.2f ms more than the cost model predicts "
                 "(median of the latest %d of %d timed); priced from now on",
