@@ -34,6 +34,7 @@ import torch
 from transformers import AutoTokenizer, LlamaConfig
 
 from faser_sglang.kit.drafts import (
+    GENERATE_BATCH,
     count_parameters,
     default_prompts,
     distill,
@@ -74,9 +75,14 @@ def build_pair(out_dir: Path, preset: PairPreset, *, distill_steps: int | None, 
             lr=settings.lr,
             device=device,
             prompts=default_prompts(tokenizer, num_code=settings.code_prompts),
+            generate_batch=settings.generate_batch,
         )
         draft = Path(result.out_dir)
-        agreement = {"before": result.agreement_before, "after": result.agreement_after}
+        agreement = {
+            "before": result.agreement_before,
+            "after": result.agreement_after,
+            "after_by_position": result.agreement_by_position,
+        }
 
     target = base
     if preset.target:
@@ -144,6 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--generate-batch", type=int, default=GENERATE_BATCH, help="prompts per target generate() call")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
@@ -191,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
             seed=args.seed,
             device=args.device,
             prompts=prompts,
+            generate_batch=args.generate_batch,
         )
         print(json.dumps(asdict(result), indent=2))
     else:

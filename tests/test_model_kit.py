@@ -201,9 +201,24 @@ def test_distill_on_cpu_raises_agreement(tmp_path):
 
     assert 0.0 <= result.agreement_before < result.agreement_after <= 1.0
     assert result.held_out_positions > 0
+    assert list(result.agreement_by_position) == ["0-127"]  # seq_len 32: one bucket
+    assert result.agreement_by_position["0-127"] == pytest.approx(result.agreement_after)
     assert read_manifest(tmp_path / "distilled")["metrics"]["agreement_after"] == result.agreement_after
     assert load_tensors(tmp_path / "distilled").keys() == load_tensors(draft).keys()
     assert distill(target, draft, tmp_path / "distilled", **kwargs) == result  # cached: same recipe
+
+
+def test_agreement_by_position_splits_at_bucket_edges():
+    total = torch.zeros(300, dtype=torch.int64)
+    agree = torch.zeros(300, dtype=torch.int64)
+    total[120:136] = 1  # 8 positions in each of the first two buckets
+    agree[120:124] = 1  # 4 of 8 agree below 128
+    agree[128:136] = 1  # 8 of 8 from 128; nothing past 255 is a continuation
+
+    by_position = drafts._Agreement(agree, total).by_position()
+
+    assert by_position == {"0-127": 0.5, "128-255": 1.0}
+    assert drafts._Agreement(agree, total).overall() == 12 / 16
 
 
 # --------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import random
 import shutil
 import sysconfig
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -563,15 +563,26 @@ def default_prompts(tokenizer: PreTrainedTokenizerBase, num_code: int = 240, see
     return prompts
 
 
+# Default prompts per generate() call. Generation is bound by one forward per new token,
+# so on a GPU a wide batch (prompts of similar length side by side) costs about what a
+# narrow one does; on a CPU a narrow one wastes less on rows past their own length.
+GENERATE_BATCH = 64
+# Positions per bucket of ``DistillResult.agreement_by_position``.
+POSITION_BUCKET = 128
+
+
 @dataclass(frozen=True)
 class DistillResult:
-    """Top-1 agreement (draft argmax == target argmax) on held-out continuations."""
+    """Top-1 agreement (draft argmax == target argmax) on held-out continuations;
+    ``agreement_by_position`` splits the trained draft's by sequence position
+    ("0-127", "128-255", ...), to show whether it holds as far as a server feeds it."""
 
     agreement_before: float
     agreement_after: float
     final_loss: float
     held_out_positions: int
     out_dir: str
+    agreement_by_position: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -592,13 +603,17 @@ def distill(
     seed: int = 0,
     device: str | None = None,
     prompts: Sequence[str] | None = None,
+    generate_batch: int = GENERATE_BATCH,
 ) -> DistillResult:
     """Train a draft towards a target by KL on the target's own continuations.
 
     The target greedily continues each prompt to ``seq_len`` tokens (EOS is
     suppressed so every sequence is full length); the draft is then trained
     to minimise KL(target || draft) of the next-token distributions at every
-    position. One prompt in eight is held out; top-1 agreement on the held-out
+    position. Each prompt keeps at most its last ``seq_len // 2`` tokens, so the
+    continuations cover positions up to ``seq_len``: a draft trained only on short
+    sequences loses agreement at the positions a server later feeds it. One prompt
+    in eight is held out; top-1 agreement on the held-out
     sequences' generated positions is reported before and after training.
 
     ``device`` defaults to CUDA when available. On CUDA the target runs in
@@ -614,7 +629,7 @@ def distill(
         "steps": steps,
         "seq_len": seq_len,
         "batch_size": batch_size,
-        "generate_batch": GENERATE_BATCH,
+        "generate_batch": generate_batch,
         "lr": lr,
         "seed": seed,
         "prompts_sha256": hashlib.sha256("\0".join(prompts).encode()).hexdigest(),
@@ -638,15 +653,22 @@ def distill(
     order = list(range(len(prompts)))
     random.Random(seed).shuffle(order)
     num_held_out = max(1, len(prompts) // 8)
-    held_out = _generate(target, tokenizer, [prompts[i] for i in order[:num_held_out]], seq_len)
-    train = _generate(target, tokenizer, [prompts[i] for i in order[num_held_out:]], seq_len)
+    held_out = _generate(target, tokenizer, [prompts[i] for i in order[:num_held_out]], seq_len, generate_batch)
+    train = _generate(target, tokenizer, [prompts[i] for i in order[num_held_out:]], seq_len, generate_batch)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
 
-    before = _agreement(target, draft, held_out, batch_size, autocast)
+    before = _agreement(target, draft, held_out, batch_size, autocast).overall()
     final_loss = _train(target, draft, train.tokens, steps, batch_size, lr, seed, autocast)
     after = _agreement(target, draft, held_out, batch_size, autocast)
 
-    result = DistillResult(before, after, final_loss, int(held_out.continuation.sum()), str(out_dir))
+    result = DistillResult(
+        before,
+        after.overall(),
+        final_loss,
+        int(held_out.continuation.sum()),
+        str(out_dir),
+        after.by_position(),
+    )
     save_checkpoint(
         out_dir,
         draft.config,
@@ -709,19 +731,16 @@ def _warmup_cosine(steps: int) -> Callable[[int], float]:
     return factor
 
 
-# Prompts per generate() call. Generation is bound by one forward per new token, so a
-# wide batch (prompts of similar length side by side) costs about what a narrow one does.
-GENERATE_BATCH = 64
-
-
 @torch.no_grad()
 def _generate(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[str],
     seq_len: int,
+    batch: int,
 ) -> _Sequences:
-    """Greedy target continuations, each cut to exactly ``seq_len`` tokens."""
+    """Greedy target continuations, each cut to exactly ``seq_len`` tokens; ``batch``
+    prompts per generate() call."""
     encoded = []
     for prompt in prompts:
         ids = tokenizer(prompt)["input_ids"]
@@ -735,8 +754,8 @@ def _generate(
     device = model.device
     # Similar lengths share a batch, so few rows generate past their own seq_len.
     by_length = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    for start in tqdm(range(0, len(encoded), GENERATE_BATCH), desc="target continuations", unit="batch"):
-        rows = by_length[start : start + GENERATE_BATCH]
+    for start in tqdm(range(0, len(encoded), batch), desc="target continuations", unit="batch"):
+        rows = by_length[start : start + batch]
         chunk = [encoded[i] for i in rows]
         width = max(map(len, chunk))
         # Left padding keeps every prompt's last token at the generation front.
@@ -758,6 +777,25 @@ def _generate(
     return _Sequences(tokens, continuation)
 
 
+@dataclass(frozen=True)
+class _Agreement:
+    agree: torch.Tensor  # [seq_len] int64: continuation positions where the argmaxes agree
+    total: torch.Tensor  # [seq_len] int64: continuation positions
+
+    def overall(self) -> float:
+        return int(self.agree.sum()) / int(self.total.sum())
+
+    def by_position(self) -> dict[str, float]:
+        """Agreement per POSITION_BUCKET positions, buckets without continuation left out."""
+        out = {}
+        for lo in range(0, len(self.total), POSITION_BUCKET):
+            total = int(self.total[lo : lo + POSITION_BUCKET].sum())
+            if total:
+                agree = int(self.agree[lo : lo + POSITION_BUCKET].sum())
+                out[f"{lo}-{lo + POSITION_BUCKET - 1}"] = agree / total
+        return out
+
+
 @torch.no_grad()
 def _agreement(
     target: LlamaForCausalLM,
@@ -765,14 +803,15 @@ def _agreement(
     data: _Sequences,
     batch_size: int,
     autocast: torch.autocast,
-) -> float:
-    """Fraction of continuation positions where draft and target argmax agree."""
-    agree = total = 0
+) -> _Agreement:
+    """Where draft and target argmax agree on the continuation positions, per position."""
+    agree = torch.zeros(data.tokens.shape[1], dtype=torch.int64)
+    total = torch.zeros(data.tokens.shape[1], dtype=torch.int64)
     for start in range(0, len(data.tokens), batch_size):
         tokens = data.tokens[start : start + batch_size].to(target.device)
         mask = data.continuation[start : start + batch_size].to(target.device)
         with autocast:
             same = target(tokens).logits.argmax(-1) == draft(tokens).logits.argmax(-1)
-        agree += int((same & mask).sum())
-        total += int(mask.sum())
-    return agree / total
+        agree += (same & mask).sum(0).cpu()
+        total += mask.sum(0).cpu()
+    return _Agreement(agree, total)

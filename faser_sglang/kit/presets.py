@@ -14,7 +14,8 @@ target is 14.4 GB in bfloat16)
     Mistral-7B's (heads are 64-dim rather than 128-dim, the head has 49152
     rows rather than 32000); its logits are SmolLM2's.
     draft: SmolLM2's first 20 layers, distilled against SmolLM2 (whose logits
-    the target reproduces exactly, at 1/50 of the cost), widened to hidden
+    the target reproduces exactly, at 1/50 of the cost) on 512-token sequences
+    (the positions a served HumanEval request reaches), widened to hidden
     1024, intermediate 4096, 16 q / 4 kv heads, 20 real + 4 ballast = 24
     layers: 415,286,272 parameters, 5.8% of the target, shaped like
     Qwen2.5-0.5B (24 layers, hidden 896). The real/ballast split sets how
@@ -75,6 +76,7 @@ class DistillSettings:
     batch_size: int
     lr: float
     code_prompts: int
+    generate_batch: int
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,12 @@ def _gpu_pair(target: WideShape, max_total_tokens: int) -> PairPreset:
         draft=WideShape(
             hidden_size=1024, intermediate_size=4096, num_heads=16, num_kv_heads=4, ballast_layers=4
         ),
-        distill=DistillSettings(steps=2000, seq_len=128, batch_size=32, lr=3e-4, code_prompts=2048),
+        # 512 positions: the A/B feeds the draft a HumanEval prompt (mostly under 256
+        # tokens) and 256 new tokens. Distilled on 128, the draft agreed with the target on
+        # 0.81 of held-out tokens but had about 0.6 of first drafts accepted when served.
+        distill=DistillSettings(
+            steps=2000, seq_len=512, batch_size=16, lr=3e-4, code_prompts=2048, generate_batch=256
+        ),
         dtype="bfloat16",
         max_total_tokens=max_total_tokens,
     )
@@ -125,7 +132,9 @@ PRESETS = {
         target=None,
         draft_layers=8,
         draft=None,
-        distill=DistillSettings(steps=300, seq_len=128, batch_size=8, lr=3e-4, code_prompts=240),
+        distill=DistillSettings(
+            steps=300, seq_len=128, batch_size=8, lr=3e-4, code_prompts=240, generate_batch=64
+        ),
         dtype="float32",
         max_total_tokens=None,
     ),
