@@ -17,7 +17,9 @@ Subcommands (each output is a HuggingFace Llama directory SGLang loads as is)::
 one real model available offline (see ``faser_sglang.kit.smollm2``). Every
 step is cached in OUT, so an interrupted build resumes where it stopped.
 OUT/pair.json names the two model directories and records their parameter
-counts and the draft's distillation agreement.
+counts and the draft's distillation agreement: on held-out distillation prompts
+(overall and by position) and on the HumanEval prompts the A/B serves, before and
+after distillation.
 
 Presets (shapes, distillation settings, what each stands in for):
 :mod:`faser_sglang.kit.presets`.
@@ -33,8 +35,10 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, LlamaConfig
 
+from faser_sglang.bench import workloads
 from faser_sglang.kit.drafts import (
     GENERATE_BATCH,
+    agreement as draft_agreement,
     count_parameters,
     default_prompts,
     distill,
@@ -77,12 +81,22 @@ def build_pair(out_dir: Path, preset: PairPreset, *, distill_steps: int | None, 
             prompts=default_prompts(tokenizer, num_code=settings.code_prompts),
             generate_batch=settings.generate_batch,
         )
-        draft = Path(result.out_dir)
         agreement = {
             "before": result.agreement_before,
             "after": result.agreement_after,
             "after_by_position": result.agreement_by_position,
+            # On the A/B's own prompts, which the distillation never saw: what served
+            # acceptance of a first draft comes near.
+            "humaneval": draft_agreement(
+                base,
+                {"before": draft, "after": result.out_dir},
+                [r.prompt for r in workloads.humaneval()],
+                seq_len=settings.seq_len,
+                generate_batch=settings.generate_batch,
+                device=device,
+            ),
         }
+        draft = Path(result.out_dir)
 
     target = base
     if preset.target:

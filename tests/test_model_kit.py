@@ -208,6 +208,37 @@ def test_distill_on_cpu_raises_agreement(tmp_path):
     assert distill(target, draft, tmp_path / "distilled", **kwargs) == result  # cached: same recipe
 
 
+def test_target_continuations_run_past_the_end_token(tmp_path):
+    """As a server's under ignore_eos: an end token in the greedy path neither stops the
+    continuation nor is suppressed."""
+    model_dir = build_tiny_llama(tmp_path / "target", seed=1)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = LlamaForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    prompt = "def add(a, b):"
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    greedy = model.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None, pad_token_id=0)
+    model.generation_config.eos_token_id = int(greedy[0, ids.shape[1]])  # the first new token ends
+
+    n = ids.shape[1]
+
+    data = drafts._generate(model, tokenizer, [prompt], seq_len=2 * n, batch=4)  # keeps n prompt tokens
+
+    assert data.tokens.shape == (1, 2 * n)
+    assert data.tokens[0, n] == model.generation_config.eos_token_id
+    assert data.continuation[0].sum() == n
+
+
+def test_agreement_of_drafts_on_any_prompts(tmp_path):
+    target = build_tiny_llama(tmp_path / "target", seed=1)
+    noisy = perturb(target, tmp_path / "noisy", noise=0.5, seed=2)
+    prompts = default_prompts(AutoTokenizer.from_pretrained(str(target)), num_code=6)[:6]
+
+    found = drafts.agreement(target, {"same": target, "noisy": noisy}, prompts, seq_len=24, device="cpu")
+
+    assert found["same"] == {"all": 1.0, "by_position": {"0-127": 1.0}}
+    assert 0.0 <= found["noisy"]["all"] < 1.0
+
+
 def test_agreement_by_position_splits_at_bucket_edges():
     total = torch.zeros(300, dtype=torch.int64)
     agree = torch.zeros(300, dtype=torch.int64)

@@ -9,7 +9,9 @@ turn one small real model into such pairs without downloading anything:
   the logits exactly equal, so a 135M model can cost like a 7B one.
 * :func:`perturb` adds relative Gaussian noise: a draft that agrees with its
   target often but not always.
-* :func:`distill` trains a draft towards a target's next-token distributions.
+* :func:`distill` trains a draft towards a target's next-token distributions;
+  :func:`agreement` measures how often a draft's argmax matches the target's on
+  the target's continuations of any prompts.
 
 Every builder writes a plain HuggingFace Llama directory (safetensors shards,
 ``config.json``, the source's tokenizer files) that SGLang loads like any
@@ -27,7 +29,7 @@ import math
 import random
 import shutil
 import sysconfig
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -607,8 +609,8 @@ def distill(
 ) -> DistillResult:
     """Train a draft towards a target by KL on the target's own continuations.
 
-    The target greedily continues each prompt to ``seq_len`` tokens (EOS is
-    suppressed so every sequence is full length); the draft is then trained
+    The target greedily continues each prompt to ``seq_len`` tokens, through any
+    end-of-sequence token (:func:`_generate`); the draft is then trained
     to minimise KL(target || draft) of the next-token distributions at every
     position. Each prompt keeps at most its last ``seq_len // 2`` tokens, so the
     continuations cover positions up to ``seq_len``: a draft trained only on short
@@ -630,6 +632,7 @@ def distill(
         "seq_len": seq_len,
         "batch_size": batch_size,
         "generate_batch": generate_batch,
+        "continuations": "through_eos",  # earlier builds suppressed the end token
         "lr": lr,
         "seed": seed,
         "prompts_sha256": hashlib.sha256("\0".join(prompts).encode()).hexdigest(),
@@ -640,22 +643,15 @@ def distill(
         return DistillResult(**read_manifest(out_dir)["metrics"])
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    on_cuda = device.startswith("cuda")
     torch.manual_seed(seed)
-    target = LlamaForCausalLM.from_pretrained(
-        str(target_dir), dtype=torch.bfloat16 if on_cuda else torch.float32
-    ).to(device)
-    target.eval()
-    draft = LlamaForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).to(device)
-    if draft.config.vocab_size != target.config.vocab_size:
-        raise ValueError("draft and target vocabularies differ")
+    target, autocast = _load_target(target_dir, device)
+    draft = _load_draft(draft_dir, target)
 
     order = list(range(len(prompts)))
     random.Random(seed).shuffle(order)
     num_held_out = max(1, len(prompts) // 8)
     held_out = _generate(target, tokenizer, [prompts[i] for i in order[:num_held_out]], seq_len, generate_batch)
     train = _generate(target, tokenizer, [prompts[i] for i in order[num_held_out:]], seq_len, generate_batch)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
 
     before = _agreement(target, draft, held_out, batch_size, autocast).overall()
     final_loss = _train(target, draft, train.tokens, steps, batch_size, lr, seed, autocast)
@@ -679,6 +675,53 @@ def distill(
         metrics=asdict(result),
     )
     return result
+
+
+def agreement(
+    target_dir: str | Path,
+    drafts: Mapping[str, str | Path],
+    prompts: Sequence[str],
+    *,
+    seq_len: int,
+    batch_size: int = 8,
+    generate_batch: int = GENERATE_BATCH,
+    device: str | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Top-1 agreement of each draft with the target on the target's greedy
+    continuations of ``prompts`` (each prompt's last ``seq_len // 2`` tokens, continued
+    to ``seq_len`` through end tokens): {name: {"all": fraction, "by_position": {...}}}.
+
+    Evaluated on a workload's prompts, it is what that workload's served acceptance of a
+    first draft comes near (the draft and target run as in :func:`distill`).
+    """
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    target, autocast = _load_target(target_dir, device)
+    data = _generate(target, tokenizer, prompts, seq_len, generate_batch)
+    out = {}
+    for name, draft_dir in drafts.items():
+        found = _agreement(target, _load_draft(draft_dir, target), data, batch_size, autocast)
+        out[name] = {"all": found.overall(), "by_position": found.by_position()}
+    return out
+
+
+def _load_target(target_dir: str | Path, device: str) -> tuple[LlamaForCausalLM, torch.autocast]:
+    """The target for inference (bfloat16 on CUDA, float32 elsewhere) and the autocast
+    the draft runs under beside it."""
+    on_cuda = device.startswith("cuda")
+    target = LlamaForCausalLM.from_pretrained(
+        str(target_dir), dtype=torch.bfloat16 if on_cuda else torch.float32
+    ).to(device)
+    target.eval()
+    return target, torch.autocast("cuda", dtype=torch.bfloat16, enabled=on_cuda)
+
+
+def _load_draft(draft_dir: str | Path, target: LlamaForCausalLM) -> LlamaForCausalLM:
+    """A float32 draft on the target's device (trained under bfloat16 autocast on CUDA)."""
+    draft = LlamaForCausalLM.from_pretrained(str(draft_dir), dtype=torch.float32).to(target.device)
+    if draft.config.vocab_size != target.config.vocab_size:
+        raise ValueError("draft and target vocabularies differ")
+    return draft
 
 
 def _train(
@@ -740,7 +783,30 @@ def _generate(
     batch: int,
 ) -> _Sequences:
     """Greedy target continuations, each cut to exactly ``seq_len`` tokens; ``batch``
-    prompts per generate() call."""
+    prompts per generate() call.
+
+    The continuations run past an end-of-sequence token, as a server's do under
+    ``ignore_eos`` (SGLang keeps generating after it; it does not mask it): a small
+    model often ends a completion early and then writes an unrelated turn, and a
+    draft that never saw a context past an end token mispredicts all of it.
+    """
+    # Cleared on the model's own config: generate() reads a None it is passed, in its
+    # arguments or in a config of its own, as "the model's default".
+    eos_token_id = model.generation_config.eos_token_id
+    model.generation_config.eos_token_id = None
+    try:
+        return _greedy_continuations(model, tokenizer, prompts, seq_len, batch)
+    finally:
+        model.generation_config.eos_token_id = eos_token_id
+
+
+def _greedy_continuations(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    seq_len: int,
+    batch: int,
+) -> _Sequences:
     encoded = []
     for prompt in prompts:
         ids = tokenizer(prompt)["input_ids"]
@@ -766,10 +832,11 @@ def _generate(
             input_ids=input_ids,
             attention_mask=mask,
             max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
             do_sample=False,
             pad_token_id=pad,
         )
+        if out.shape[1] < width + new_tokens:
+            raise RuntimeError(f"generate() stopped after {out.shape[1] - width} of {new_tokens} new tokens")
         for j, (i, ids) in enumerate(zip(rows, chunk)):
             offset = width - len(ids)
             tokens[i] = out[j, offset : offset + seq_len].cpu()

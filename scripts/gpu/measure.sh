@@ -30,9 +30,10 @@
 # On one GPU the tests run in the background of call 1 (TESTS_K selects them, e.g.
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
 # the GPU-1 job and TP=2 runs are left out. A lent machine is held for at most 30
-# minutes: with the 13.5B pair (built and distilled in about 6 min of call 3, each
-# contender about 2.5 min) that is four contenders after call 1's install; list the
-# ones that matter first, since a machine taken back mid-run keeps only what finished.
+# minutes, and has been taken back after 21: with the 13.5B pair (built and distilled
+# in about 6-7 min of call 3, each contender 2.7-4.3 min from start to its trace's end)
+# that is three to four contenders after call 1's install; list the ones that matter
+# first, since a machine taken back mid-run keeps only what finished.
 #
 # SWEEP_RATES="" leaves the rate sweep out. RATE sets the bursty trace's mean request rate
 # (default 6). AD_TRACE=1 has FASER-AD trace its decode steps and checks them against the
