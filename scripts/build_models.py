@@ -54,8 +54,12 @@ from faser_sglang.kit.tiny import build_tiny_llama
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def build_pair(out_dir: Path, preset: PairPreset, *, distill_steps: int | None, device: str | None) -> dict:
+def build_pair(
+    out_dir: Path, preset: PairPreset, *, distill_steps: int | None, device: str | None, widen_models: bool = True
+) -> dict:
     """Build the preset's target and draft under ``out_dir``; return the pair summary.
+    Without ``widen_models`` the summary names the unwidened models (same logits): the
+    draft's agreement, minutes before a wide target would be written.
 
     The base SmolLM2 and the unwidened drafts stay float32 so that widening
     rounds to the output dtype once. Distillation runs against the unwidened
@@ -99,9 +103,9 @@ def build_pair(out_dir: Path, preset: PairPreset, *, distill_steps: int | None, 
         draft = Path(result.out_dir)
 
     target = base
-    if preset.target:
+    if preset.target and widen_models:
         target = widen(base, out_dir / "target", **asdict(preset.target), dtype=DTYPES[preset.dtype])
-    if preset.draft:
+    if preset.draft and widen_models:
         draft = widen(draft, out_dir / "draft", **asdict(preset.draft), dtype=DTYPES[preset.dtype])
     summary = {
         "target": str(target),
@@ -177,6 +181,9 @@ def _parser() -> argparse.ArgumentParser:
         "--distill-steps", type=int, default=None, help="override the preset; 0 skips distillation"
     )
     p.add_argument("--device", default=None, help="distillation device (default: cuda when available)")
+    p.add_argument(
+        "--no-widen", action="store_true", help="stop after the distillation (pair.json names unwidened models)"
+    )
     return parser
 
 
@@ -217,7 +224,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(asdict(result), indent=2))
     else:
         summary = build_pair(
-            args.out, PRESETS[args.preset], distill_steps=args.distill_steps, device=args.device
+            args.out,
+            PRESETS[args.preset],
+            distill_steps=args.distill_steps,
+            device=args.device,
+            widen_models=not args.no_widen,
         )
         print(json.dumps(summary, indent=2))
 

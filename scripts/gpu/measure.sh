@@ -24,6 +24,9 @@
 #   ab    (after call 3)                                     the A/B stage again with other settings
 #
 #   soak  (after call 1)                                     the soak alone (one-GPU machines)
+#   stage (any call carrying a GGUF part)                  install, receive the part
+#   draft (after the GGUF is complete)                       distil the preset's draft alone, report its
+#                                                            agreement (pair.json; ~5 min, no widening)
 #   host  (any time)                                         per-step host cost of every contender on the
 #                                                            tiny pair (scripts/profile_host.py; GPU 0)
 #   host-wait                                                wait for "host" (at most WAIT s)
@@ -181,6 +184,17 @@ case ${1:?call: 1|2|3|4} in
           --server-args $BIG_FLAGS --tp 2 2>&1 | grep -v '^\[20'
       fi
       touch $RES/big.done" ;;
+  stage)  # install and receive the carried GGUF part, nothing else (before "draft")
+    bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log" ;;
+  draft)  # the preset's distilled draft alone, unwidened, with its agreement (pair.json), in
+          # the background (about 5 min; the call waits at most WAIT s, collecting each minute)
+    eval "$(bash scripts/gpu/stage_gguf.sh --receive | tail -1)"
+    [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
+    rm -f $RES/draft.done
+    background draft "FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF python3 scripts/build_models.py pair \
+      $MODELS-draft --preset $PAIR_PRESET --distill-steps ${DISTILL_STEPS:-1000} --no-widen; \
+      cp $MODELS-draft/pair.json $RES/; touch $RES/draft.done"
+    wait_for draft.done; tr '\r' '\n' < $RES/draft.log | grep -E '100%|^[ {}"]' | tail -40 ;;
   host)  # per-step host cost of each contender, tiny pair, GPU 0 (scripts/profile_host.py), in
          # the background; the call waits for it (at most WAIT s); call "host-wait" waits more
     [[ -d $TINY/draft ]] || { python3 scripts/build_models.py tiny $TINY/target >/dev/null
