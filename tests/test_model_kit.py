@@ -208,6 +208,18 @@ def test_distill_on_cpu_raises_agreement(tmp_path):
     assert distill(target, draft, tmp_path / "distilled", **kwargs) == result  # cached: same recipe
 
 
+def test_every_other_code_prompt_opens_a_function(tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(str(build_tiny_llama(tmp_path / "target", seed=1)))
+
+    prompts = default_prompts(tokenizer, num_code=40, seed=3)
+
+    code = prompts[:40]
+    assert all(p.lstrip().startswith("def ") for p in code[1::2])
+    assert sum(p.lstrip().startswith("def ") for p in code[::2]) < 10  # random offsets
+    assert 4 <= min(p.count("\n") for p in code) and max(p.count("\n") for p in code) <= 12
+    assert default_prompts(tokenizer, num_code=40, seed=3) == prompts
+
+
 def test_target_continuations_run_past_the_end_token(tmp_path):
     """As a server's under ignore_eos: an end token in the greedy path neither stops the
     continuation nor is suppressed."""

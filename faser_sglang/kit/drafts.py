@@ -540,8 +540,10 @@ def default_prompts(tokenizer: PreTrainedTokenizerBase, num_code: int = 240, see
     """Deterministic offline prompts: stdlib source snippets plus chat requests.
 
     Code snippets are 4-12 consecutive lines from the fixed stdlib modules of
-    :mod:`faser_sglang.kit.tiny`, at seeded offsets; the chat requests are
-    rendered with the tokenizer's chat template when it has one.
+    :mod:`faser_sglang.kit.tiny`, at seeded offsets. Every other one opens at a
+    ``def`` line, so a function's signature and docstring lead its continuation, as
+    in a code-completion request (HumanEval's prompts are such headers). The chat
+    requests are rendered with the tokenizer's chat template when it has one.
     """
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     lines = [
@@ -549,11 +551,12 @@ def default_prompts(tokenizer: PreTrainedTokenizerBase, num_code: int = 240, see
         for name in CORPUS_MODULES
         for line in (stdlib / name).read_text(encoding="utf-8").splitlines(True)
     ]
+    defs = [i for i, line in enumerate(lines) if line.lstrip().startswith("def ")]
     rng = random.Random(seed)
     prompts = []
-    for _ in range(num_code):
+    for n in range(num_code):
         length = rng.randint(4, 12)
-        start = rng.randrange(len(lines) - length)
+        start = min(rng.choice(defs), len(lines) - length) if n % 2 else rng.randrange(len(lines) - length)
         prompts.append("".join(lines[start : start + length]))
     if tokenizer.chat_template:
         prompts += [
