@@ -24,7 +24,7 @@
 #   ab    (after call 3)                                     the A/B stage again with other settings
 #
 #   soak  (after call 1)                                     the soak alone (one-GPU machines)
-#   stage (any call carrying a GGUF part)                  install, receive the part
+#   stage (any call carrying a GGUF part)                    install, receive the part
 #   draft (after the GGUF is complete)                       distil the preset's draft alone, report its
 #                                                            agreement (pair.json; ~5 min, no widening)
 #   host  (any time)                                         per-step host cost of every contender on the
