@@ -75,6 +75,10 @@ wait_for() {  # wait_for FILE: at most $WAIT s (a call's limit is 600), collecti
     sleep 5
   done
 }
+receive_gguf() {  # the carried GGUF part joined to the earlier ones; FASER_SMOLLM2_GGUF once complete
+  eval "$(bash scripts/gpu/stage_gguf.sh --receive | tail -1)"
+  [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
+}
 PAIR_PRESET=${PAIR_PRESET:-cost-faithful}
 preset() { python3 -m faser_sglang.kit.presets "$PAIR_PRESET" "$1"; }  # no torch import: fast
 SERVER_FLAGS="--attention-backend flashinfer --dtype bfloat16 --cuda-graph-backend-prefill disabled"
@@ -135,8 +139,7 @@ case ${1:?call: 1|2|3|4} in
     python3 -m pytest -p no:cacheprovider -q -s tests/test_adaptive_drafter.py -k allocator_overhead 2>&1 \
       | grep 'adaptive choose' | tee "$RES/allocator-overhead.txt" ;;
   3)
-    eval "$(bash scripts/gpu/stage_gguf.sh --receive | tail -1)"
-    [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
+    receive_gguf
     # AD_TRACE=1: FASER-AD traces every decode step (synchronizing at each phase, so its
     # timings are a diagnosis, not a contender's speed), checked against the cost model.
     echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"${AD_TRACE:+, \"trace_path\": \"$RES/faser-ad-trace.jsonl\"}}" > $RES/faser-ad.json
@@ -188,8 +191,7 @@ case ${1:?call: 1|2|3|4} in
     bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log" ;;
   draft)  # the preset's distilled draft alone, unwidened, with its agreement (pair.json), in
           # the background (about 5 min; the call waits at most WAIT s, collecting each minute)
-    eval "$(bash scripts/gpu/stage_gguf.sh --receive | tail -1)"
-    [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
+    receive_gguf
     rm -f $RES/draft.done
     background draft "FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF python3 scripts/build_models.py pair \
       $MODELS-draft --preset $PAIR_PRESET --distill-steps ${DISTILL_STEPS:-1000} --no-widen; \
