@@ -80,6 +80,10 @@ class FaserConfig:
     # beyond the cost model (adaptive/calibration.py) and add the median excess of the
     # latest drafting steps to every drafting configuration's price.
     step_calibration: bool = False
+    # Run a greedy step's draft decode steps after the catch-up as one chain: one
+    # multi-step attention plan, replayed as one CUDA graph where decode CUDA graphs run
+    # (spec_worker/draft_chain.py). false: one forward per step, as sampled steps run.
+    draft_chain: bool = True
 
     @property
     def lazy_draft_prefill(self) -> bool:
@@ -119,6 +123,8 @@ class FaserConfig:
         _check_trace_path(self.trace_path)
         if not isinstance(self.step_calibration, bool):
             raise ValueError(f"FASER config 'step_calibration' must be true or false, got {self.step_calibration!r}")
+        if not isinstance(self.draft_chain, bool):
+            raise ValueError(f"FASER config 'draft_chain' must be true or false, got {self.draft_chain!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"FASER config 'seed' must be an integer, got {self.seed!r}")
 

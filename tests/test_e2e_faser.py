@@ -211,23 +211,39 @@ def test_identity_model_as_its_own_draft_accepts_every_token(tiny_models, tmp_pa
 
 
 @pytest.mark.parametrize(
-    "chunk_forward, server_args",
-    [("extend", ()), ("decode_rows", ()), ("decode_rows", ("--max-running-requests", "2"))],
-    ids=["extend", "decode_rows", "decode_row_pieces"],
+    "chunk_forward, server_args, chain",
+    [
+        ("extend", (), True),
+        ("decode_rows", (), True),
+        ("decode_rows", ("--max-running-requests", "2"), True),
+        ("decode_rows", (), False),
+    ],
+    ids=["extend", "decode_rows", "decode_row_pieces", "one_forward_per_draft_step"],
 )
-def test_self_draft_accepts_every_token_after_plain_decode_steps(tiny_models, tmp_path, chunk_forward, server_args):
+def test_self_draft_accepts_every_token_after_plain_decode_steps(
+    tiny_models, tmp_path, chunk_forward, server_args, chain
+):
     """The tiny target as its own draft, random lengths with k = 0 included: a request's
     drafting step after plain decodes catches its draft up over several committed
     tokens. Its greedy drafts equal the target's greedy tokens iff the draft's KV holds
     the exact prefix at the right positions (attention reads every token, RoPE every
     position), so every draft is accepted iff every catch-up (after a prefill, after
     plain decodes, after partial accepts) feeds the right tokens at the right positions
+    and every draft step after it feeds the previous draft at the next position
     (float32: no near-ties at this size). Lossless alone cannot show this: a wrong
     catch-up costs acceptance, not output. With two decode rows per forward
-    (--max-running-requests 2) catch-ups run in pieces of two tokens."""
+    (--max-running-requests 2) catch-ups run in pieces of two tokens. The draft steps
+    after the catch-up run as one chain (draft_chain.py: eager on CPU), or one forward
+    per step with draft_chain off; rows with shorter lengths ride the chain to the
+    longest."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(
-        tmp_path / "faser.json", policy="random", chunk_forward=chunk_forward, trace_path=str(trace), seed=7
+        tmp_path / "faser.json",
+        policy="random",
+        chunk_forward=chunk_forward,
+        trace_path=str(trace),
+        seed=7,
+        draft_chain=chain,
     )
     with launch_faser(tiny_models.target, tiny_models.target, env, *server_args) as server:
         generate(server.base_url, PROMPTS, {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True})
@@ -238,6 +254,13 @@ def test_self_draft_accepts_every_token_after_plain_decode_steps(tiny_models, tm
     assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
     if server_args:
         assert any(s.get("catchup_forwards", 0) > 1 for s in steps), "no catch-up ran in pieces"
+    how = Counter(s["draft_steps"] for s in steps if "draft_steps" in s)
+    if chain:
+        assert how["chain"] > 0 and how["graph"] == 0
+        # Mixed lengths in one chain: some row stopped short of the step's longest.
+        assert any(len({k for k in s["draft_lens"] if k}) > 1 for s in steps if s.get("draft_steps") == "chain")
+    else:
+        assert how["chain"] == 0 and how["loop"] > 0
 
 
 def test_frontend_program_with_fork(nospec, faser):

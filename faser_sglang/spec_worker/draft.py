@@ -3,9 +3,12 @@
 Only requests with k_i > 0 run. A catch-up (chunk_forward.py: one EXTEND forward, or
 decode rows, up to MAX_CATCHUP_PIECES forwards of them) feeds each such request the
 committed tokens its draft KV is missing plus its bonus token; its last logits give
-draft 1. Then DECODE forwards add one
-draft per step, each over only the requests that still want more, so the draft runs
-max(k_i) forwards and no request pays for a longer neighbour.
+draft 1. Then DECODE forwards add one draft per step up to m = max(k_i):
+  - greedy steps run them as one chain (draft_chain.py: one multi-step attention plan
+    and, where decode CUDA graphs run, one graph replay), every drafting row to m;
+  - sampled steps (and logit-biased ones) run one forward per step, each over only the
+    requests that still want more, and keep each draft's distribution q for rejection
+    sampling.
 
 Worked example, K_max = 3, seq_lens L = [10, 7], draft_kv_lens s = [9, 7], k = [3, 1]:
   catch-up: row 0 feeds positions 9..10 (committed token 9, bonus at 10),
@@ -26,6 +29,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from faser_sglang.layout import RaggedLayout
 from faser_sglang.spec_worker.batch_views import RowSelection, decode_forward_batch
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
+from faser_sglang.spec_worker.draft_chain import DraftChains
 from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES
 from faser_sglang.spec_worker.sampling import SamplingRows, greedy_tokens, sampling_probs
 from faser_sglang.spec_worker.token_history import TokenHistory
@@ -38,6 +42,10 @@ class DraftOutput:
     probs: Optional[torch.Tensor]  # [bs, K_max, V] float32 q of each draft; None if all greedy
     draft_kv_lens: list[int]  # [bs] draft KV fill after this phase
     catchup_forwards: int  # forwards the catch-up ran (0: nobody drafted)
+    # How the steps after the catch-up ran: "none" (no row drafts past d1), "loop" (one
+    # forward each), "chain" (one multi-step plan, eager forwards) or "graph" (one CUDA
+    # graph replay); draft_chain.py.
+    steps: str = "loop"
 
 
 class DraftPhase:
@@ -47,6 +55,9 @@ class DraftPhase:
         self.req_to_token_pool = chunks.req_to_token_pool
         self.k_max = k_max
         self.vocab_size = vocab_size
+        # Set once the draft's CUDA graphs are captured (FaserWorker.init_cuda_graphs);
+        # None: every step drafts one forward at a time.
+        self.chains: Optional[DraftChains] = None
 
     def run(
         self,
@@ -71,6 +82,41 @@ class DraftPhase:
             return DraftOutput(tokens, probs, new_kv_lens, 0)
 
         logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [len(active), V]
+        active_t = device_tensor(active, device)
+        rows_sampling = sampling.select(active_t)
+        m = max(k[i] for i in active)
+        chained = self.chains is not None and m > 1 and rows_sampling.all_greedy and rows_sampling.logit_bias is None
+        if chained:
+            first = greedy_tokens(logits, rows_sampling)  # [n] d1
+            chain = self.chains.run(
+                batch.req_pool_indices[active_t], [seq_lens[i] for i in active], first, m
+            )  # [n, m]
+            past_len = torch.arange(m, device=device).unsqueeze(0) >= layout.draft_lens[active_t].unsqueeze(1)
+            tokens[active_t, :m] = chain.masked_fill(past_len, 0)
+        else:
+            self._loop(batch, layout, active, seq_lens, logits, sampling, generator, tokens, probs)
+        for i in active:
+            new_kv_lens[i] = seq_lens[i] + k[i]
+        steps = "none" if m == 1 else "loop"
+        if chained:
+            steps = "graph" if self.chains.graphed(len(active)) else "chain"
+        return DraftOutput(tokens, probs, new_kv_lens, forwards, steps)
+
+    def _loop(
+        self,
+        batch: ScheduleBatch,
+        layout: RaggedLayout,
+        active: list[int],
+        seq_lens: list[int],
+        logits: torch.Tensor,  # [len(active), V] the catch-up's last logits
+        sampling: SamplingRows,
+        generator: Optional[torch.Generator],
+        tokens: torch.Tensor,  # [bs, K_max] filled here
+        probs: Optional[torch.Tensor],  # [bs, K_max, V] filled here when sampling
+    ) -> None:
+        """One forward per draft step, each over the rows that still want a draft."""
+        device = batch.seq_lens.device
+        k = layout.draft_lens_cpu
         rows = active
         for step in range(max(k[i] for i in active)):
             rows_t = device_tensor(rows, device)
@@ -85,9 +131,6 @@ class DraftPhase:
             rows = [rows[j] for j in keep]
             keep_t = device_tensor(keep, device)
             logits = self._decode(batch, rows, seq_lens, step + 1, picked.tokens[keep_t])
-        for i in active:
-            new_kv_lens[i] = seq_lens[i] + k[i]
-        return DraftOutput(tokens, probs, new_kv_lens, forwards)
 
     def _catch_up(
         self,

@@ -9,13 +9,19 @@ run by its own ``TpModelWorker``; this wrapper gives it that shape.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Optional
 
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+from faser_sglang.spec_worker.draft_chain import DraftChains, build_draft_chains
+
 
 class DraftModel:
-    def __init__(self, server_args, gpu_id: int, ps, nccl_port: int):
+    def __init__(self, server_args, gpu_id: int, ps, nccl_port: int, *, chains: bool):
+        self.server_args = server_args
+        self.want_chains = chains
+        self.chains: Optional[DraftChains] = None  # built in init_cuda_graphs
         self.worker = TpModelWorker(
             server_args=server_args,
             gpu_id=gpu_id,
@@ -66,4 +72,9 @@ class DraftModel:
         self.worker.init_attention_backends()
 
     def init_cuda_graphs(self) -> None:
+        """The draft's decode graphs (catch-up rows, sampled steps), then the greedy
+        chains of the draft steps after the catch-up (draft_chain.py)."""
         self.worker.init_cuda_graphs(capture_decode_cuda_graph=True)
+        self.chains = build_draft_chains(
+            self.server_args, self.draft_runner, self.server_args.speculative_num_steps, self.want_chains
+        )

@@ -71,7 +71,7 @@ class FaserWorker(BaseSpecWorker):
         self.k_max: int = server_args.speculative_num_steps
         self.config = FaserConfig.from_env()
         self._target_worker = target_worker
-        self._draft_worker = DraftModel(server_args, gpu_id, ps, nccl_port)
+        self._draft_worker = DraftModel(server_args, gpu_id, ps, nccl_port, chains=self.config.draft_chain)
         check_draft_matches_target(target_worker, self._draft_worker)
         deployment = None
         if self.config.policy == "adaptive":
@@ -105,6 +105,10 @@ class FaserWorker(BaseSpecWorker):
         self.draft_phase = DraftPhase(ChunkForward(self.draft_runner, req_to_token_pool, mode), self.k_max, vocab)
         target_chunks = ChunkForward(self._target_worker.model_runner, req_to_token_pool, mode)
         self.verify_phase = VerifyPhase(target_chunks, self._target_worker)
+
+    def init_cuda_graphs(self) -> None:
+        super().init_cuda_graphs()
+        self.draft_phase.chains = self._draft_worker.chains
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self._last_seen.pop(rid, None)
@@ -196,6 +200,7 @@ class FaserWorker(BaseSpecWorker):
         self.agreement.tokens(drafts.tokens)
         clock.mark("draft")
         clock.label("catchup_forwards", drafts.catchup_forwards)
+        clock.label("draft_steps", drafts.steps)
         if context.catchup_piece_tokens is not None:  # the profile prices catch-ups with it
             clock.label("catchup_piece_tokens", context.catchup_piece_tokens)
         clock.label("verify_forward", self.verify_phase.chunks.forward_name(layout.num_verify_tokens))

@@ -242,14 +242,23 @@ def test_tp2_greedy_equals_no_spec(policy, gpu_models, logit_ulp, tmp_path):
     assert all(len(o["output_ids"]) == sampled["max_new_tokens"] for o in sampled_outs)
 
 
-@pytest.mark.parametrize("variant", ["flashinfer-bf16-graphs"])
-@pytest.mark.parametrize("policy, graph_bs", [("fixed", None), ("random", None), ("random", 8)])
+@pytest.mark.parametrize(
+    "variant, policy, graph_bs",
+    [
+        ("flashinfer-bf16-graphs", "fixed", None),
+        ("flashinfer-bf16-graphs", "random", None),
+        ("flashinfer-bf16-graphs", "random", 8),
+        ("triton-bf16-graphs", "random", None),
+    ],
+)
 def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_models, tmp_path):
     """Every draft is accepted: each catch-up ends with the request's bonus token and each
     draft step feeds the previous draft (the identity model's next token depends only on
     the token fed). "random" includes k = 0, so drafting steps catch up over
-    plain-decode steps (gaps of several tokens). With decode graphs of at most 8 rows a
-    catch-up of 9-64 tokens replays them in pieces."""
+    plain-decode steps (gaps of several tokens), and mixes lengths in one chain. The
+    draft steps after the catch-up replay one captured chain (draft_chain.py). With
+    decode graphs of at most 8 rows a catch-up of 9-64 tokens replays them in pieces,
+    and chains over more than 8 rows run eagerly."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7)
     args = (
@@ -276,7 +285,12 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
              "accepted": accepted, "mean_spec_accept_length": round(mean_len, 3),
              "max_catchup_gap": max(gaps, default=0),
              "max_catchup_forwards": pieces})  # fmt: skip
+    how = Counter(s["draft_steps"] for s in steps if "draft_steps" in s)
+    _record({"test": "identity_draft_steps", "variant": variant, "policy": policy, "graph_bs": graph_bs, **how})
     assert drafted > 0 and accepted == drafted
+    assert how["graph"] > 0 and how["loop"] == 0
+    if graph_bs is not None:
+        assert how["chain"] > 0, "no chain ran past the captured batch sizes"
     if policy == "random":
         assert max(gaps) >= 3
     if graph_bs is not None:

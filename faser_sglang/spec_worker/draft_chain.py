@@ -1,0 +1,186 @@
+"""A greedy step's draft decode steps after the catch-up, run as one chain.
+
+Run one forward at a time (draft.py), every draft decode step builds a ForwardBatch,
+plans attention and replays the draft's decode graph: about 1.3 ms of host time per
+step on an H200, more than a small draft's GPU time at small batches. A greedy chain
+needs no host decision between steps (the next input is the argmax of the last
+logits), so the m - 1 steps after the catch-up run as one unit, the way SGLang's EAGLE
+and STANDALONE drafters run theirs: one multi-step attention backend (an attention
+backend per step, all planned before the first step) and, where decode CUDA graphs
+run, one replay of a graph SGLang's ``EAGLEDraftCudaGraphRunner`` captured around
+``_Chain.draft_forward``. Batches larger than the captured sizes, and devices without
+CUDA graphs, run the same ``draft_forward`` eagerly after one multi-step plan. There
+is one chain per length m in 2..K_max, each with its own attention backend.
+
+Inputs per drafting row r (committed length L_r; after the catch-up the draft KV holds
+positions 0..L_r, the bonus token included):
+    seq_lens = positions = L_r + 1, topk_index = d1 (the catch-up's argmax),
+    out_cache_loc = the KV slots of positions L_r + 1 .. L_r + m (row-major [n, m]).
+Step j (0-based) feeds d_{j+1} at position L_r + 1 + j, attends over L_r + 2 + j
+tokens and yields d_{j+2}. The chain returns [n, m] tokens d1..d_m.
+
+Every row runs to m = max k_r. A row with k_r < m drafts past its length: its tokens
+after k_r are dropped, and the draft KV it wrote past position L_r + k_r is never
+counted valid (state.py). Those writes stay inside the slots SGLang reserves per
+request for a step (2 * (K_max + 1) past the committed length, ``alloc_for_spec_decode``).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Iterator, Optional, Sequence
+
+import torch
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+logger = logging.getLogger(__name__)
+
+
+class _Chain:
+    """m - 1 greedy decode steps of the draft, in the shape of the drafter
+    ``EAGLEDraftCudaGraphRunner`` captures: it reads ``draft_runner``,
+    ``speculative_num_steps`` and the DSA fields, calls ``draft_forward`` once per
+    captured batch size, and subtracts m - 1 from the positions afterwards
+    (``draft_forward`` adds one per step)."""
+
+    dsa_index_topk = None
+    seed_dsa_topk_from_draft_extend = False
+
+    def __init__(self, draft_runner, attn_backend, m: int):
+        self.draft_runner = draft_runner
+        self.draft_attn_backend = attn_backend
+        self.speculative_num_steps = m
+
+    def draft_forward(self, fb: ForwardBatch):
+        m = self.speculative_num_steps
+        token = fb.spec_info.topk_index[:, 0]  # [bs] d1
+        locs = fb.out_cache_loc.view(fb.batch_size, m)  # [bs, m]
+        fb.capture_hidden_mode = CaptureHiddenMode.NULL
+        chain = [token]
+        for step in range(m - 1):
+            fb.input_ids = token
+            fb.out_cache_loc = locs[:, step].contiguous()
+            with forward_context(ForwardContext(attn_backend=self.draft_attn_backend.attn_backends[step])):
+                logits = self.draft_runner.forward(fb).logits_output.next_token_logits  # [bs, V]
+            token = torch.argmax(logits, dim=-1)
+            fb.positions.add_(1)
+            chain.append(token)
+        # The graph runner's output convention: (parents, scores, tokens, draft probs).
+        return None, None, torch.stack(chain, dim=1), None
+
+
+class DraftChains:
+    """The greedy chains of lengths 2..K_max, captured as CUDA graphs when ``graphs``."""
+
+    def __init__(self, server_args, draft_runner, k_max: int, graphs: bool):
+        from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+        self.draft_runner = draft_runner
+        self.req_to_token = draft_runner.req_to_token_pool.req_to_token  # [max_reqs, max_context] int32
+        self.chains = {
+            m: _Chain(draft_runner, DraftBackendFactory(server_args, draft_runner, 1, m).create_decode_backend(), m)
+            for m in range(2, k_max + 1)
+        }
+        self.runners = self._capture() if graphs else {}
+        self.graph_rows = min((r.max_bs for r in self.runners.values()), default=0)
+
+    def _capture(self) -> dict:
+        from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+        with _without_decode_graphs(self.draft_runner):
+            return {
+                m: EAGLEDraftCudaGraphRunner(
+                    chain, draft_attn_backend=chain.draft_attn_backend, speculative_num_steps=m
+                )
+                for m, chain in self.chains.items()
+            }
+
+    def graphed(self, rows: int) -> bool:
+        """Whether a chain over this many rows replays a CUDA graph."""
+        return rows <= self.graph_rows
+
+    def run(
+        self,
+        req_pool_indices: torch.Tensor,  # [n] int64, the drafting rows
+        seq_lens: Sequence[int],  # [n] committed lengths L_r
+        first: torch.Tensor,  # [n] int64 d1
+        m: int,
+    ) -> torch.Tensor:
+        """[n, m] int64 greedy chain d1..d_m per row."""
+        n = len(seq_lens)
+        device = first.device
+        fed_cpu = torch.tensor([s + 1 for s in seq_lens], dtype=torch.int64)  # [n] L + 1
+        fed = fed_cpu.to(device, non_blocking=True)
+        positions = fed.unsqueeze(1) + torch.arange(m, device=device)  # [n, m]
+        locs = self.req_to_token[req_pool_indices.unsqueeze(1), positions].to(torch.int64)
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=n,
+            input_ids=None,
+            req_pool_indices=req_pool_indices,
+            seq_lens=fed,
+            seq_lens_cpu=fed_cpu,
+            out_cache_loc=locs.reshape(-1),
+            seq_lens_sum=int(fed_cpu.sum()),
+            positions=fed.clone(),
+            spec_algorithm=self.draft_runner.spec_algorithm,
+            spec_info=EagleDraftInput(
+                topk_p=torch.ones((n, 1), dtype=torch.float32, device=device),
+                topk_index=first.unsqueeze(1),
+                capture_hidden_mode=CaptureHiddenMode.NULL,
+            ),
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
+        if self.graphed(n):
+            _, _, tokens, _ = self.runners[m].execute(fb)
+            return tokens
+        chain = self.chains[m]
+        chain.draft_attn_backend.init_forward_metadata(fb)
+        fb.mark_forward_metadata_ready()
+        with _without_decode_graphs(self.draft_runner):
+            _, _, tokens, _ = chain.draft_forward(fb)
+        return tokens
+
+
+@contextmanager
+def _without_decode_graphs(runner) -> Iterator[None]:
+    """The chain's forwards run eagerly, under the multi-step plan: with the draft's own
+    decode graphs in place, a forward would replay one of them instead (nested in the
+    chain's capture, or planned from the chain's first-step lengths)."""
+    decode_graphs, runner.decode_cuda_graph_runner = runner.decode_cuda_graph_runner, None
+    try:
+        yield
+    finally:
+        runner.decode_cuda_graph_runner = decode_graphs
+
+
+def build_draft_chains(server_args, draft_runner, k_max: int, enabled: bool) -> Optional[DraftChains]:
+    """The chains, or None (logged) where greedy steps draft one forward at a time:
+    the FASER config turned them off, K_max < 2, or SGLang has no multi-step draft
+    backend for the attention backend. Captured as CUDA graphs unless the device or
+    the decode CUDA graph settings rule graphs out."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
+
+    if not enabled or k_max < 2:
+        reason = "draft_chain is false in the FASER config" if not enabled else "K_max < 2"
+        logger.info("FASER draft steps: one forward per step (%s)", reason)
+        return None
+    graphs = (
+        server_args.device == "cuda"
+        and not server_args.disable_cuda_graph
+        and not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
+    )
+    try:
+        chains = DraftChains(server_args, draft_runner, k_max, graphs)
+    except ValueError as e:  # SGLang names an attention backend it has no draft backend for
+        logger.info("FASER draft steps: one forward per step (%s)", e)
+        return None
+    logger.info(
+        "FASER draft steps: greedy chains of 2..%d steps, %s",
+        k_max,
+        f"CUDA graphs up to {chains.graph_rows} rows" if graphs else "eager (no decode CUDA graphs)",
+    )
+    return chains
