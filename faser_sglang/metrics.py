@@ -5,7 +5,8 @@ SGLang already reports the mean accepted length in its decode log line and
 to per-request lengths: how often each length was chosen and how many drafts were
 accepted, logged every ``log_interval`` steps, plus an optional per-step trace file
 for offline analysis, the cost profiler and tests (with per-phase times: draft,
-verify, accept).
+verify, accept), and named ranges for torch.profiler traces (SGLang's
+``/start_profile``; ``scripts/profile_step.py`` summarises them per phase).
 """
 
 from __future__ import annotations
@@ -14,12 +15,48 @@ import json
 import logging
 import time
 from collections import Counter
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import IO, Optional, Sequence
 
 import torch
 
 logger = logging.getLogger(__name__)
+
+# Every profiler range FASER opens starts with this (faser_sglang.bench.step_profile reads them).
+RANGE_PREFIX = "faser."
+
+
+def profiling() -> bool:
+    """Whether a torch profiler records now (~0.1 us to ask; opening a range costs ~9 us
+    on a slow host even when none records, so ranges open only when one does)."""
+    return torch._C._autograd._profiler_enabled()
+
+
+def annotate(name: str) -> AbstractContextManager:
+    """A range named ``faser.<name>`` in torch.profiler traces; nothing without a profiler."""
+    return torch.profiler.record_function(RANGE_PREFIX + name) if profiling() else nullcontext()
+
+
+class PhaseRanges:
+    """Consecutive profiler ranges, one per phase of a step: ``begin`` ends the open
+    range and opens the next, ``end`` closes the last. Does nothing without a profiler."""
+
+    def __init__(self) -> None:
+        self.enabled = profiling()
+        self._open: Optional[torch.profiler.record_function] = None
+
+    def begin(self, name: str) -> None:
+        if not self.enabled:
+            return
+        self.end()
+        self._open = torch.profiler.record_function(RANGE_PREFIX + name)
+        self._open.__enter__()
+
+    def end(self) -> None:
+        if self._open is not None:
+            self._open.__exit__(None, None, None)
+            self._open = None
 
 
 class PhaseClock:

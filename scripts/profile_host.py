@@ -57,24 +57,6 @@ class Prompt:
     max_new_tokens: int
 
 
-def contender(name: str, draft: str, k_max: int, out: Path) -> servers.Contender:
-    if name == "no-spec-sync":
-        return servers.Contender(name, ("--disable-overlap-schedule",))
-    if name in ("faser-k0", "faser-k0-sync"):
-        # ema: k_i = largest k with rate**k >= min_token_value; 0.999 keeps every k_i at 0.
-        config = out / "faser-k0.json"
-        config.write_text(json.dumps({"policy": "ema", "min_token_value": 0.999}))
-        c = servers.faser(draft, k_max, str(config), name=name)
-        sync = ("--disable-overlap-schedule",) if name == "faser-k0-sync" else ()
-        return servers.Contender(name, (*c.args, *sync), c.env)
-    if re.fullmatch(r"faser-k[1-9]\d*", name):
-        # policy fixed: every request drafts K_max = K tokens every step (the drafting path).
-        config = out / f"{name}.json"
-        config.write_text(json.dumps({"policy": "fixed"}))
-        return servers.faser(draft, int(name.removeprefix("faser-k")), str(config), name=name)
-    return servers.contender(name, draft, k_max)
-
-
 DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)")
 
 
@@ -150,7 +132,7 @@ def run(args: argparse.Namespace) -> dict:
     pyspy = shutil.which("py-spy")
     results: dict[str, dict[str, float]] = {}
     for name in args.contenders:
-        c = contender(name, args.draft, args.k_max, args.out)
+        c = servers.steady_contender(name, args.draft, args.k_max, args.out)
         results[name] = {}
         with servers.launch(args.target, (*shlex.split(args.server_args), *c.args), env=c.env, log_dir=args.out) as server:
             replay(server.base_url, [Prompt(PROMPT, 32)] * 4, [0.0] * 4, SAMPLING)  # warm-up

@@ -39,6 +39,8 @@ def test_json_and_toml(tmp_path, monkeypatch):
         ({"prior_strength": float("nan")}, "prior_strength"),
         ({"trace_path": "/nonexistent-dir/trace.jsonl"}, "trace_path"),
         ({"draft_prefill": "later"}, "draft_prefill"),
+        ({"draft_chain": "yes"}, "draft_chain"),
+        ({"draft_chain": 1}, "draft_chain"),
     ],
 )
 def test_bad_values_name_the_key(data, key):

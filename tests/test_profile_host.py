@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from faser_sglang.bench import servers
+
 REPO = Path(__file__).resolve().parents[1]
 
 FASER_LINE = (
@@ -107,10 +109,17 @@ def test_run_reports_each_contender_against_no_spec(script, tmp_path, monkeypatc
     assert json.loads(Path(faser_env["FASER_CONFIG"]).read_text()) == {"policy": "ema", "min_token_value": 0.999}
 
 
-def test_fixed_length_faser_contender_drafts_k_every_step(script, tmp_path):
-    c = script.contender("faser-k3", "D", 7, tmp_path)
+def test_fixed_length_faser_contender_drafts_k_every_step(tmp_path):
+    c = servers.steady_contender("faser-k3", "D", 7, tmp_path)
     assert c.args[c.args.index("--speculative-num-steps") + 1] == "3"
     assert json.loads(Path(c.env["FASER_CONFIG"]).read_text()) == {"policy": "fixed"}
-    assert script.contender("no-spec-sync", "D", 7, tmp_path).args == ("--disable-overlap-schedule",)
-    k0, k0_sync = script.contender("faser-k0", "D", 7, tmp_path), script.contender("faser-k0-sync", "D", 7, tmp_path)
+    assert servers.steady_contender("no-spec-sync", "D", 7, tmp_path).args == ("--disable-overlap-schedule",)
+    k0 = servers.steady_contender("faser-k0", "D", 7, tmp_path)
+    k0_sync = servers.steady_contender("faser-k0-sync", "D", 7, tmp_path)
     assert k0_sync.args == (*k0.args, "--disable-overlap-schedule") and k0_sync.env == k0.env
+    variant = servers.steady_contender("faser-k2@draft_chain=false", "D", 7, tmp_path)
+    assert variant.name == "faser-k2@draft_chain=false"
+    assert variant.args[variant.args.index("--speculative-num-steps") + 1] == "2"
+    assert json.loads(Path(variant.env["FASER_CONFIG"]).read_text()) == {"policy": "fixed", "draft_chain": False}
+    with pytest.raises(ValueError, match="draft_chain"):
+        servers.steady_contender("faser-k2@draft_chain=maybe", "D", 7, tmp_path)

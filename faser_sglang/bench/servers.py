@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -108,6 +109,36 @@ def contender(
 
 
 VARIANT_SEP = "@"
+
+
+def steady_contender(
+    name: str, draft: str, k_max: int, config_dir: Path, faser_ad_config: str | None = None
+) -> Contender:
+    """A contender for measuring steps at a steady batch (scripts/profile_host.py,
+    scripts/profile_step.py): any ``contender`` name, or
+    - ``no-spec-sync``: no-spec on SGLang's synchronous loop (--disable-overlap-schedule);
+    - ``faser-k0`` / ``faser-k0-sync``: FASER whose policy never drafts, every step a
+      plain decode through the FASER worker (its gap to no-spec is the worker's own
+      overhead), on the overlap or the synchronous loop;
+    - ``faser-k<K>[@KEY=VALUE,...]``: policy ``fixed``, every request drafts K tokens
+      every step (the drafting path), with those config keys replaced.
+    Configs these need are written to ``config_dir``."""
+    if name == "no-spec-sync":
+        return Contender(name, ("--disable-overlap-schedule",))
+    if name in ("faser-k0", "faser-k0-sync"):
+        # ema: k_i = largest k with rate**k >= min_token_value; 0.999 keeps every k_i at 0.
+        config = config_dir / "faser-k0.json"
+        config.write_text(json.dumps({"policy": "ema", "min_token_value": 0.999}))
+        c = faser(draft, k_max, str(config), name=name)
+        sync = ("--disable-overlap-schedule",) if name == "faser-k0-sync" else ()
+        return Contender(name, (*c.args, *sync), c.env)
+    base, _, overrides = name.partition(VARIANT_SEP)
+    if re.fullmatch(r"faser-k[1-9]\d*", base):
+        config = config_dir / f"{base}.json"
+        config.write_text(json.dumps({"policy": "fixed"}))
+        path = variant_config(str(config), name, overrides) if overrides else str(config)
+        return faser(draft, int(base.removeprefix("faser-k")), path, name=name)
+    return contender(name, draft, k_max, faser_ad_config=faser_ad_config)
 
 
 def variant_config(base_path: str, name: str, overrides: str) -> str:

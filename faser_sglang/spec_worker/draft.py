@@ -27,6 +27,7 @@ import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 
 from faser_sglang.layout import RaggedLayout
+from faser_sglang.metrics import annotate
 from faser_sglang.spec_worker.batch_views import RowSelection, decode_forward_batch
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft_chain import DraftChains
@@ -81,20 +82,23 @@ class DraftPhase:
         if not active:
             return DraftOutput(tokens, probs, new_kv_lens, 0)
 
-        logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [len(active), V]
+        with annotate("draft.catchup"):
+            logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [len(active), V]
         active_t = device_tensor(active, device)
         rows_sampling = sampling.select(active_t)
         m = max(k[i] for i in active)
         chained = self.chains is not None and m > 1 and rows_sampling.all_greedy and rows_sampling.logit_bias is None
         if chained:
-            first = greedy_tokens(logits, rows_sampling)  # [n] d1
-            chain = self.chains.run(
-                batch.req_pool_indices[active_t], [seq_lens[i] for i in active], first, m
-            )  # [n, m]
-            past_len = torch.arange(m, device=device).unsqueeze(0) >= layout.draft_lens[active_t].unsqueeze(1)
-            tokens[active_t, :m] = chain.masked_fill(past_len, 0)
+            with annotate("draft.chain"):
+                first = greedy_tokens(logits, rows_sampling)  # [n] d1
+                chain = self.chains.run(
+                    batch.req_pool_indices[active_t], [seq_lens[i] for i in active], first, m
+                )  # [n, m]
+                past_len = torch.arange(m, device=device).unsqueeze(0) >= layout.draft_lens[active_t].unsqueeze(1)
+                tokens[active_t, :m] = chain.masked_fill(past_len, 0)
         else:
-            self._loop(batch, layout, active, seq_lens, logits, sampling, generator, tokens, probs)
+            with annotate("draft.loop" if m > 1 else "draft.first"):
+                self._loop(batch, layout, active, seq_lens, logits, sampling, generator, tokens, probs)
         for i in active:
             new_kv_lens[i] = seq_lens[i] + k[i]
         steps = "none" if m == 1 else "loop"

@@ -42,7 +42,7 @@ from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
 from faser_sglang.config import FaserConfig
 from faser_sglang.layout import RaggedLayout
-from faser_sglang.metrics import FaserStats, PhaseClock
+from faser_sglang.metrics import FaserStats, PhaseClock, PhaseRanges, annotate
 from faser_sglang.spec_worker.accept import AcceptResult, accept
 from faser_sglang.spec_worker.adaptive import deployment_from_runners
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
@@ -128,8 +128,14 @@ class FaserWorker(BaseSpecWorker):
         lengths as soon as they are on the device, so the scheduler can prepare the
         next step while this one finishes."""
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-            return self._prefill(batch, on_publish)
-        return self._decode(batch, on_publish)
+            with annotate(f"prefill bs={len(batch.reqs)}"):
+                return self._prefill(batch, on_publish)
+        with annotate(f"decode bs={len(batch.reqs)}"):
+            ranges = PhaseRanges()
+            try:
+                return self._decode(batch, on_publish, ranges)
+            finally:
+                ranges.end()  # inside the step's range, which must hold every phase
 
     def _prefill(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
         """Target prefill samples each request's first token. Eager draft prefill: the
@@ -165,10 +171,12 @@ class FaserWorker(BaseSpecWorker):
         result.next_draft_input = FaserDraftState(draft_kv_lens, bonus_tokens=result.next_token_ids)
         return result
 
-    def _decode(self, batch: ScheduleBatch, on_publish) -> GenerationBatchResult:
+    def _decode(self, batch: ScheduleBatch, on_publish, ranges: PhaseRanges) -> GenerationBatchResult:
         # The scheduler has waited for the previous step's published lengths, so its
         # acceptance is on the device already (a prefill does not wait: it does not settle).
+        ranges.begin("settle")
         self._settle()
+        ranges.begin("policy")
         started = time.perf_counter()
         clock = self.stats.clock(self.device)
         state: FaserDraftState = batch.spec_info
@@ -191,11 +199,13 @@ class FaserWorker(BaseSpecWorker):
         bonus = self.history.bonus(batch)  # [bs]
         if not any(lengths) and not batch.return_logprob:
             clock.mark("policy")
+            ranges.begin("plain")
             return self._plain_step(batch, rids, seq_lens, draft_kv_lens, bonus, started, clock, on_publish)
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
         sampling = SamplingRows.from_sampling_info(batch.sampling_info, self.server_args.sampling_backend)
         clock.mark("policy")
 
+        ranges.begin("draft")
         drafts = self.draft_phase.run(batch, layout, draft_kv_lens, sampling, self.generator, self.history)
         self.agreement.tokens(drafts.tokens)
         clock.mark("draft")
@@ -204,10 +214,12 @@ class FaserWorker(BaseSpecWorker):
         if context.catchup_piece_tokens is not None:  # the profile prices catch-ups with it
             clock.label("catchup_piece_tokens", context.catchup_piece_tokens)
         clock.label("verify_forward", self.verify_phase.chunks.forward_name(layout.num_verify_tokens))
+        ranges.begin("verify")
         logits = layout.to_padded(
             self.verify_phase.run(batch, layout, bonus, drafts.tokens)
         )  # [bs, K+1, V]
         clock.mark("verify")
+        ranges.begin("accept")
         result = accept(logits, drafts.tokens, drafts.probs, layout.draft_lens, sampling, self.generator)
         accept_lens = result.accept_lens.to(torch.int32)  # [bs]
         new_seq_lens = batch.seq_lens + accept_lens.to(batch.seq_lens.dtype)

@@ -48,6 +48,9 @@
 # spy/; scripts/spy_summary.py reads it). SCHED_TIMELINE=1 has every A/B server record its
 # scheduler loop's host timeline (faser_sglang/sched_timeline.py: timeline/, and
 # timeline.md from scripts/sched_timeline.py).
+# STEP_PROFILE="<contenders>" (e.g. "faser-k3 faser-k3@draft_chain=false faser-ad") profiles, in call 3
+# before the A/B, where each one's decode steps spend their time at STEP_CONCURRENCY requests
+# (default "1 4 8"; scripts/profile_step.py: steps/steps.md).
 # PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
 # default, 7.18B / 0.42B; cost-faithful-14b, 13.5B / 0.42B); the same value on every call.
 #
@@ -159,6 +162,12 @@ case ${1:?call: 1|2|3|4} in
         --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64,128 --long-batch-sizes 4,16 \
         --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20; fi
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
+      if [[ -n '${STEP_PROFILE:-}' ]]; then  # where a decode step's time goes, per phase (steps/steps.md)
+        CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_step.py --target $MODELS/target --draft $MODELS/draft \
+          --out $RES/steps --contenders ${STEP_PROFILE:-} --faser-ad-config $RES/faser-ad.json --k-max 7 \
+          --concurrency ${STEP_CONCURRENCY:-1 4 8} --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -80 || true
+        rm -f $RES/steps/*.trace.json.gz  # megabytes each; steps.json holds what they say
+      fi
       rm -f $RES/spy.pid
       rm -rf $RES/timeline
       if [[ -n '${SCHED_TIMELINE:-}' ]]; then export FASER_SCHED_TIMELINE=$RES/timeline; fi

@@ -1,0 +1,159 @@
+"""Where a FASER decode step's time goes: torch-profiler traces at a steady batch.
+
+    python scripts/profile_step.py --target TARGET --draft DRAFT --out DIR \\
+        [--contenders faser-k3 faser-k3@draft_chain=false faser-ad] [--faser-ad-config F] \\
+        [--concurrency 1 4 8] [--steps 40] [--activities CPU GPU] [--server-args "..."]
+
+Each contender (scripts/profile_host.py's names: ``faser-k<K>[@KEY=VALUE,...]`` drafts K
+tokens every step, ``faser-ad[@...]`` runs the adaptive policy of --faser-ad-config) is
+served once. For each concurrency C it is sent C requests that decode
+--max-new-tokens tokens with ignore_eos; once all C run, SGLang's ``/start_profile``
+records --steps scheduler steps with torch.profiler (no Python stacks, no shapes, so
+the profiler adds little to the host's time), then the requests are aborted. The
+trace is summarised per step kind, batch size and FASER phase
+(``faser_sglang/bench/step_profile.py`` says what each column measures): how long the
+host spends in each phase, how much of it waiting on the device, what it launches and
+how long the device works on it.
+
+Writes DIR/<contender>-c<C>.trace.json.gz (open in Perfetto or chrome://tracing),
+DIR/steps.json and DIR/steps.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shlex
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import requests
+from tqdm import tqdm
+
+from faser_sglang.bench import health, servers, step_profile
+from faser_sglang.bench.client import replay
+
+PROMPT = "def fibonacci(n):\n    "
+SAMPLING = {"temperature": 0.0, "ignore_eos": True}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt: str
+    max_new_tokens: int
+
+
+def wait_for_batch(base_url: str, size: int, timeout: float) -> None:
+    """Until exactly ``size`` requests run and none waits."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        load = health.load(base_url)
+        if load.running == size and load.waiting == 0:
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"the server did not reach a batch of {size} running requests in {timeout:.0f} s")
+
+
+def wait_for_trace(path: Path, timeout: float) -> list[dict[str, Any]]:
+    """The trace's events once the server has written the whole file."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            try:
+                return step_profile.load_events(path)
+            except (EOFError, OSError, json.JSONDecodeError, gzip.BadGzipFile):
+                pass  # still being written
+        time.sleep(0.5)
+    raise RuntimeError(f"no complete profiler trace at {path} after {timeout:.0f} s")
+
+
+def profile_once(server: servers.Server, name: str, size: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Profile --steps steps of a batch of ``size`` requests; the trace's groups."""
+    reqs = [Prompt(PROMPT, args.max_new_tokens)] * size
+    sender = threading.Thread(target=replay, args=(server.base_url, reqs, [0.0] * size, SAMPLING), daemon=True)
+    sender.start()
+    try:
+        wait_for_batch(server.base_url, size, args.timeout)
+        time.sleep(args.settle)
+        profile_id = f"{name}-c{size}"
+        r = requests.post(
+            f"{server.base_url}/start_profile",
+            json={
+                "output_dir": str(args.out.resolve()),
+                "num_steps": args.steps,
+                "activities": args.activities,
+                "with_stack": False,
+                "record_shapes": False,
+                "profile_id": profile_id,
+            },
+            timeout=60,
+        )
+        if r.status_code != 200:
+            raise RuntimeError(f"/start_profile answered {r.status_code}: {r.text[:500]}")
+        events = wait_for_trace(args.out / f"{profile_id}-TP-0.trace.json.gz", args.timeout)
+    finally:
+        requests.post(f"{server.base_url}/abort_request", json={"abort_all": True}, timeout=60)
+        sender.join(timeout=args.timeout)
+    left = health.wait_until_drained(server.base_url)
+    if not left.idle or left.used_tokens:
+        raise RuntimeError(f"{name}: after the abort the server still holds {left}")
+    return step_profile.summarize(step_profile.steps(step_profile.parse(events)))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, Any]] = {}
+    md = [f"# Decode steps by phase\n\n`{args.command}`\n"]
+    plan = [(name, size) for name in args.contenders for size in args.concurrency]
+    bar = tqdm(total=len(plan), desc="profiling", unit="batch")
+    for name in args.contenders:
+        c = servers.steady_contender(name, args.draft, args.k_max, args.out, args.faser_ad_config)
+        results[name] = {}
+        server_args = (*shlex.split(args.server_args), *c.args)
+        with servers.launch(args.target, server_args, env=c.env, log_dir=args.out) as server:
+            replay(server.base_url, [Prompt(PROMPT, 32)] * 4, [0.0] * 4, SAMPLING)  # warm-up
+            for size in args.concurrency:
+                groups = profile_once(server, name, size, args)
+                results[name][str(size)] = groups
+                md.append(step_profile.markdown(groups, title=f"{name}, {size} requests"))
+                bar.update()
+    bar.close()
+    report = {"command": args.command, "steps": args.steps, "profiles": results}
+    (args.out / "steps.json").write_text(json.dumps(report, indent=1))
+    (args.out / "steps.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--contenders", nargs="+", default=["faser-k3", "faser-k3@draft_chain=false"])
+    p.add_argument("--faser-ad-config", help="FASER config (policy adaptive) for faser-ad contenders")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--steps", type=int, default=40, help="scheduler steps to record per batch")
+    p.add_argument("--max-new-tokens", type=int, default=4096)
+    p.add_argument("--k-max", type=int, default=4)
+    p.add_argument("--activities", nargs="+", default=["CPU", "GPU"], choices=["CPU", "GPU"])
+    p.add_argument("--settle", type=float, default=1.0, help="seconds of decoding before the profile starts")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--server-args", default="")
+    args = p.parse_args(argv)
+    if args.steps < 2:
+        p.error("--steps must be at least 2 (a step's period ends at the next step)")
+    if min(args.concurrency) < 1:
+        p.error("--concurrency values must be >= 1")
+    args.command = " ".join(["python scripts/profile_step.py", *(argv if argv is not None else sys.argv[1:])])
+    run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

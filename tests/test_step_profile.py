@@ -1,0 +1,103 @@
+"""The per-phase step profile: the trace summary on a synthetic GPU trace, and
+scripts/profile_step.py against a real CPU server (FASER's ranges in SGLang's profile)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from conftest import load_script
+from faser_sglang.bench import step_profile
+from server_utils import CPU_SERVER_FLAGS
+
+HOST, DEVICE = 1, 7  # thread ids
+
+
+def x(cat: str, name: str, start: float, end: float, tid: int = HOST, corr: int | None = None) -> dict:
+    event = {"ph": "X", "cat": cat, "name": name, "ts": start, "dur": end - start, "pid": 1, "tid": tid}
+    if corr is not None:
+        event["args"] = {"correlation": corr}
+    return event
+
+
+def gpu_trace() -> list[dict]:
+    """Two steps in microseconds: a drafting step with a chain [0, 1000], a plain one [2000, 2500]."""
+    return [
+        x("user_annotation", "faser.decode bs=2", 0, 1000),
+        x("user_annotation", "faser.settle", 0, 10),
+        x("user_annotation", "faser.policy", 10, 100),
+        x("user_annotation", "faser.draft", 100, 600),
+        x("user_annotation", "faser.draft.catchup", 110, 300),
+        x("cpu_op", "aten::mm", 120, 200),
+        x("cpu_op", "aten::empty", 130, 140),  # nested: counted in aten::mm
+        x("cuda_runtime", "cudaLaunchKernel", 150, 160, corr=1),
+        x("user_annotation", "faser.draft.chain", 300, 590),
+        x("cuda_runtime", "cudaGraphLaunch", 350, 380, corr=2),
+        x("user_annotation", "faser.verify", 600, 900),
+        x("cuda_runtime", "cudaStreamSynchronize", 610, 850),
+        x("cuda_runtime", "cudaMemcpyAsync", 860, 870, corr=3),
+        x("user_annotation", "faser.accept", 900, 990),
+        x("user_annotation", "faser.decode bs=2", 2000, 2500),
+        x("user_annotation", "faser.settle", 2000, 2010),
+        x("user_annotation", "faser.policy", 2010, 2050),
+        x("user_annotation", "faser.plain", 2050, 2400),
+        x("user_annotation", "sglang.other", 2100, 2200),  # not FASER's: ignored
+        x("kernel", "gemm", 400, 700, tid=DEVICE, corr=1),
+        x("kernel", "graph_node_a", 700, 1100, tid=DEVICE, corr=2),
+        x("kernel", "graph_node_b", 1000, 1500, tid=DEVICE, corr=2),  # overlaps a: busy counts it once
+        x("gpu_memcpy", "Memcpy DtoH", 1500, 1510, tid=DEVICE, corr=3),
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+    ]
+
+
+def test_phases_are_measured_from_host_calls_and_their_device_work():
+    first, second = step_profile.steps(step_profile.parse(gpu_trace()))
+    assert (first.kind, first.batch_size, second.kind) == ("drafting/chain", 2, "plain")
+    assert first.period_ms == pytest.approx(2.0) and second.period_ms is None
+    assert first.device_busy_ms == pytest.approx(1.11)  # [400, 1510], overlaps once
+    catchup, chain, draft, verify = (first.phases[p] for p in ("draft.catchup", "draft.chain", "draft", "verify"))
+    assert catchup == pytest.approx(
+        {"host_ms": 0.19, "ops_ms": 0.08, "runtime_ms": 0.0, "python_ms": 0.11, "sync_ms": 0.0,
+         "copy_ms": 0.0, "launches": 1, "graphs": 0, "gpu_ms": 0.3}
+    )  # fmt: skip
+    assert chain["runtime_ms"] == pytest.approx(0.03) and chain["graphs"] == 1
+    assert chain["gpu_ms"] == pytest.approx(0.9)  # both graph nodes, by correlation
+    assert draft["launches"] == 2 and draft["gpu_ms"] == pytest.approx(1.2)  # holds both sub-phases
+    assert verify["sync_ms"] == pytest.approx(0.24) and verify["copy_ms"] == pytest.approx(0.01)
+    assert verify["launches"] == 1 and verify["gpu_ms"] == pytest.approx(0.01)
+    assert first.ops["draft.catchup"] == pytest.approx({"aten::mm": 0.08})  # outermost only
+    assert set(second.phases) == {"settle", "policy", "plain"}
+
+
+def test_summary_groups_steps_and_reads_gzipped_traces(tmp_path):
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": gpu_trace()}, f)
+    groups = step_profile.summarize(step_profile.steps(step_profile.parse(step_profile.load_events(path))))
+    assert [(g["kind"], g["steps"]) for g in groups] == [("drafting/chain", 1), ("plain", 1)]
+    assert groups[0]["phases"]["draft.chain"]["graphs"] == 1 and groups[0]["phases"]["draft"]["steps"] == 1
+    assert groups[0]["top_ops_ms_per_step"]["draft.catchup"] == [["aten::mm", pytest.approx(0.08)]]
+    md = step_profile.markdown(groups, title="t")
+    assert "### drafting/chain, batch 2 (1 steps)" in md and "| &nbsp;&nbsp;draft.chain | 0.29 |" in md
+    assert "period 2.00 ms" in md and "period - ms" in md  # the plain step is the trace's last
+
+
+def test_profile_step_records_every_phase_of_a_live_server(tiny_models, cpu_server_env, tmp_path):
+    script = load_script("profile_step")
+    out = tmp_path / "out"
+    script.main(["--target", str(tiny_models.target), "--draft", str(tiny_models.draft), "--out", str(out),
+                 "--contenders", "faser-k3", "--concurrency", "2", "--steps", "6", "--activities", "CPU",
+                 "--max-new-tokens", "1000", "--server-args", " ".join(CPU_SERVER_FLAGS)])  # fmt: skip
+    report = json.loads((out / "steps.json").read_text())
+    (group,) = report["profiles"]["faser-k3"]["2"]
+    assert (group["kind"], group["batch_size"]) == ("drafting/chain", 2) and group["steps"] >= 5
+    assert list(group["phases"]) == ["settle", "policy", "draft", "draft.catchup", "draft.chain", "verify", "accept"]
+    assert "drafting/chain, batch 2" in (out / "steps.md").read_text()
+    trace = step_profile.load_events(out / "faser-k3-c2-TP-0.trace.json.gz")
+    for step in step_profile.steps(step_profile.parse(trace)):  # nested and in order, step by step
+        ph = {name: m["host_ms"] for name, m in step.phases.items()}
+        assert ph["draft"] >= ph["draft.catchup"] + ph["draft.chain"]
+        assert step.host_ms >= ph["settle"] + ph["policy"] + ph["draft"] + ph["verify"] + ph["accept"]
+        assert step.period_ms is None or step.period_ms >= step.host_ms
