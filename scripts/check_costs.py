@@ -29,7 +29,7 @@ from pathlib import Path
 from statistics import median
 from typing import Optional, Sequence
 
-from faser_sglang.spec_worker.adaptive import CostModel, StepSample, read_cost_entries
+from faser_sglang.spec_worker.adaptive import CostModel, StepSample, read_cost_entries, sample_time
 
 BUCKETS = ((1, 1), (2, 4), (5, 16), (17, 32), (33, 64), (65, 128), (129, 1 << 30))
 PHASES = ("policy", "draft", "verify", "accept")
@@ -60,7 +60,7 @@ def check(model: CostModel, records: Sequence[dict]) -> list[CheckedStep]:
                 drafts=sum(s.draft_lens),
                 catchup=tuple(c for k, c in zip(s.draft_lens, s.catchup) if k > 0),
                 measured=s.seconds,
-                predicted=model.step_time(s.draft_lens, s.seq_lens, s.catchup, s.piece_tokens),
+                predicted=sample_time(model, s),
                 phases={p: float(rec[f"{p}_seconds"]) for p in PHASES if f"{p}_seconds" in rec},
             )
         )

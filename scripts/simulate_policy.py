@@ -5,7 +5,7 @@
         [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16] \\
         [--catchup-piece-tokens 128] [--max-verify-tokens 128] [--fixed-lengths 1 3 5] \\
         [--ramp START END GROW [--ramp-warm-steps 600] [--ramp-hold-steps 100]] \
-        [--drafting-overhead-ms 3 [--step-calibration]]
+        [--drafting-overhead-ms 3 [--step-calibration]] [--chained]
 
 No GPU and no server: the real policy object (acceptance windows, pooled prior,
 allocator) chooses every step's lengths; drafts are accepted at random with the given
@@ -44,6 +44,10 @@ longer than the cost model predicts, as the scheduler's loop does on the GPU whe
 publishes its lengths only after its accept; the speed-ups are then against the true
 times. --step-calibration turns on the policy's ``step_calibration``, which measures that
 excess from the simulated step times and prices it (adaptive/calibration.py).
+
+--chained prices (and has the policy choose for) draft steps run as one chain, as a
+server with ``draft_chain`` runs greedy requests: every drafting request runs to the
+step's longest draft (cost_model.py).
 
 With --ramp it also replays a burst: --ramp-warm-steps steps at START requests, then GROW
 more requests every step up to END, then --ramp-hold-steps steps at END, and prints the
@@ -109,6 +113,7 @@ class SimulatedServer:
         max_verify_tokens: Optional[int] = None,
         fixed_length: Optional[int] = None,  # every request drafts this instead of the adaptive choice
         drafting_overhead: float = 0.0,  # seconds every drafting step takes beyond the cost model
+        chained: bool = False,  # draft steps as one chain (draft_chain, greedy): every drafting row runs to m
     ):
         self.cost, self.k_max, self.fixed_length = cost, k_max, fixed_length
         self.accept, self.bad_accept, self.bad_steps = accept, bad_accept, bad_steps
@@ -121,6 +126,7 @@ class SimulatedServer:
         self.next_id = 0
         self.steps = 0
         self.drafting_overhead = drafting_overhead
+        self.chained = chained
         self.clock = 0.0  # simulated seconds: when the next step starts (step_calibration times it)
 
     def step(self, batch_size: int) -> StepOutcome:
@@ -135,7 +141,8 @@ class SimulatedServer:
         seq_lens = tuple(live[r][0] for r in rids)
         remaining = tuple(live[r][2] - 1 for r in rids)  # besides the bonus token
         context = StepContext(
-            seq_lens, tuple(live[r][1] for r in rids), self.max_verify_tokens, self.piece_tokens, remaining
+            seq_lens, tuple(live[r][1] for r in rids), self.max_verify_tokens, self.piece_tokens, remaining,
+            self.chained,
         )
         # Capped near max_new_tokens as the worker caps them (worker.cap_to_remaining).
         chosen = [self.fixed_length] * len(rids) if policy is None else policy.choose(rids, self.k_max, context)
@@ -150,7 +157,7 @@ class SimulatedServer:
             policy.observe(rids, lengths, accepted)
         outcome = StepOutcome(
             tokens=sum(accepted) + len(rids),
-            seconds=self.cost.step_time(lengths, seq_lens, context.catchup_tokens(), self.piece_tokens)
+            seconds=self.cost.step_time(lengths, seq_lens, context.catchup_tokens(), self.piece_tokens, self.chained)
             + (self.drafting_overhead if any(lengths) else 0.0),
             plain_seconds=self.cost.no_draft_time(seq_lens),
             drafts=sum(lengths),
@@ -257,6 +264,10 @@ def main(argv: list[str] | None = None) -> None:
         help="every drafting step takes this much longer than the cost model predicts (adaptive and fixed runs)",
     )  # fmt: skip
     p.add_argument("--step-calibration", action="store_true", help="the policy prices that overhead as it measures it")
+    p.add_argument(
+        "--chained", action="store_true",
+        help="draft steps run as one chain (draft_chain, greedy requests): every drafting row runs to the longest",
+    )  # fmt: skip
     args = p.parse_args(argv)
 
     entries = list(read_cost_entries(args.costs)[0].items())
@@ -273,6 +284,7 @@ def main(argv: list[str] | None = None) -> None:
         prompt_tokens=tuple(args.prompt_tokens), output_tokens=args.output_tokens, eager_prefill=args.eager_prefill,
         seed=args.seed, accept_spread=args.accept_spread, piece_tokens=args.catchup_piece_tokens or None,
         max_verify_tokens=args.max_verify_tokens or None, drafting_overhead=args.drafting_overhead_ms / 1e3,
+        chained=args.chained,
     )  # fmt: skip
     if args.batch_sizes:
         print(

@@ -252,6 +252,38 @@ def test_fit_prices_each_catch_up_forward():
     assert three - one == pytest.approx(2 * KNOWN.draft.extend_forward)
 
 
+def test_a_chain_runs_every_drafting_row_to_the_longest_draft():
+    """Chained (draft_chain): rows of k = (3, 1, 0) pay 2 + 2 DECODE rows and read their
+    contexts 3 + 3 times, against 2 + 0 rows and 3 + 1 reads one forward per step; the
+    forwards are the same."""
+    k, seq, catchup = (3, 1, 0), (100, 200, 300), (1, 1, 1)
+    rows = CostModel(DraftCost(0.0, 0.0, 1.0, 0.0, 0.0), KNOWN.verify, "synthetic")
+    reads = CostModel(DraftCost(0.0, 0.0, 0.0, 0.0, 1.0), KNOWN.verify, "synthetic")
+    forwards = CostModel(DraftCost(1.0, 10.0, 0.0, 0.0, 0.0), KNOWN.verify, "synthetic")
+    assert [rows.draft_time(k, seq, catchup, chained=c) for c in (False, True)] == [2.0, 4.0]
+    assert [reads.draft_time(k, seq, catchup, chained=c) for c in (False, True)] == [500.0, 900.0]
+    assert [forwards.draft_time(k, seq, catchup, chained=c) for c in (False, True)] == [21.0, 21.0]
+    assert KNOWN.step_time(k, seq, catchup, chained=True) > KNOWN.step_time(k, seq, catchup)
+    record = {"draft_lens": [3, 1], "seq_lens": [100, 200], "draft_kv_lens": [100, 200], "seconds": 0.02}
+    chained = [StepSample.from_trace_record({**record, "draft_steps": v}).chained for v in ("graph", "chain", "loop", "none")]
+    assert chained == [True, True, False, False] and not StepSample.from_trace_record(record).chained
+
+
+def test_fit_recovers_coefficients_from_chained_and_looped_steps():
+    """A profile of a chain server holds chained steps (greedy) and looped ones (sampled);
+    the fit prices each as it ran, and predicts both."""
+    rng = np.random.default_rng(9)
+    samples = []
+    for s in synthetic_steps(KNOWN, 600, seed=9, noise=0.0, with_draft_seconds=True):
+        chained = bool(rng.random() < 0.5)
+        draft = KNOWN.draft_time(s.draft_lens, s.seq_lens, s.catchup, chained=chained) if any(s.draft_lens) else 0.0
+        samples.append(replace(s, seconds=s.seconds - (s.draft_seconds or 0.0) + draft, draft_seconds=draft, chained=chained))
+    model = fit(samples, knots=(256, 512, 1024))
+    assert model.holdout_mape < 0.01
+    for name in ("decode_forward", "row_step", "context_row_step"):
+        assert getattr(model.draft, name) == pytest.approx(getattr(KNOWN.draft, name), rel=0.05)
+
+
 def test_joint_fit_without_draft_seconds_still_predicts():
     samples = synthetic_steps(KNOWN, 600, seed=1, noise=0.01, with_draft_seconds=False)
     model = fit(samples)
@@ -496,6 +528,18 @@ def test_respects_the_verify_token_cap():
     assert min(ratios) > 0.95 and np.mean(ratios) > 0.99
 
 
+def test_in_a_chain_shorter_rows_draft_for_their_verify_tokens_alone():
+    """In a chain every drafting row runs to the longest draft, so a weaker request's
+    drafts below it cost no draft rows: with dear rows the chain lengthens the weak
+    request's drafts, while one forward per step keeps them short."""
+    dear_rows = cost(verify_fixed=10e-3, verify_token=0.3e-3, forward=1e-3, row=0.5e-3)
+    gains = constant_gains([0.95, 0.6], 4)
+    looped = run_allocate(gains, dear_rows)
+    chained = allocate(gains, np.full(2, 500), np.ones(2), dear_rows, chained=True)
+    assert looped.draft_lens[0] == chained.draft_lens[0] == 4
+    assert looped.draft_lens[1] < chained.draft_lens[1] == 4
+
+
 def test_docstring_example():
     model = cost(verify_fixed=10e-3, knot=2, slope=2e-3, forward=1e-3)
     a = allocate(np.array([[0.9, 0.81], [0.3, 0.09]]), np.zeros(2), np.ones(2), model)
@@ -503,7 +547,8 @@ def test_docstring_example():
     assert a.tokens_per_second == pytest.approx(3.71 / 0.016)
 
 
-def test_near_optimal_against_brute_force():
+@pytest.mark.parametrize("chained", [False, True])
+def test_near_optimal_against_brute_force(chained):
     rng = np.random.default_rng(0)
     ratios = []
     for _ in range(200):
@@ -522,11 +567,12 @@ def test_near_optimal_against_brute_force():
             catchup = rng.integers(1, 7, bs)
             pieces = CatchupPieces(catchup.astype(float), piece_tokens=4, horizon=np.ones(bs))
         piece_tokens = None if pieces is None else pieces.piece_tokens
-        a = allocate(gains, seq, catchup, model, pieces=pieces)
-        assert a.step_seconds == pytest.approx(model.step_time(a.draft_lens, seq, catchup, piece_tokens))
+        a = allocate(gains, seq, catchup, model, pieces=pieces, chained=chained)
+        assert a.step_seconds == pytest.approx(model.step_time(a.draft_lens, seq, catchup, piece_tokens, chained))
         assert a.expected_tokens == pytest.approx(bs + sum(gains[i, :k].sum() for i, k in enumerate(a.draft_lens)))
         best = max(
-            (bs + sum(gains[i, :k].sum() for i, k in enumerate(ks))) / model.step_time(ks, seq, catchup, piece_tokens)
+            (bs + sum(gains[i, :k].sum() for i, k in enumerate(ks)))
+            / model.step_time(ks, seq, catchup, piece_tokens, chained)
             for ks in itertools.product(range(k_max + 1), repeat=bs)
         )
         ratios.append(a.tokens_per_second / best)
@@ -544,14 +590,14 @@ def _random_case(
 ) -> tuple[tuple, dict]:
     """allocate()'s arguments for a random batch around ``gains``: catch-up backlogs and
     horizons, pieces of a random size (with probability ``pieces_p``), a draft cap half
-    the time."""
+    the time, draft steps as one chain half the time."""
     bs, k_max = gains.shape
     catchup = rng.integers(1, catchup_high, bs).astype(float)
     horizon = rng.integers(1, horizon_high, bs).astype(float)
     pieces = CatchupPieces(catchup, int(rng.integers(*piece_tokens)), horizon) if rng.random() < pieces_p else None
     max_drafts = None if rng.random() < 0.5 else int(rng.integers(1, bs * k_max + 1))
     args = (gains, rng.integers(50, 4000, bs), charged_catchup(catchup, horizon), model)
-    return args, {"max_drafts": max_drafts, "pieces": pieces}
+    return args, {"max_drafts": max_drafts, "pieces": pieces, "chained": bool(rng.random() < 0.5)}
 
 
 def test_pruned_walks_find_the_unpruned_best(monkeypatch):

@@ -60,6 +60,13 @@ class DraftPhase:
         # None: every step drafts one forward at a time.
         self.chains: Optional[DraftChains] = None
 
+    def chains_batch(self, sampling_info) -> bool:
+        """Whether a step over this batch (SGLang's SamplingBatchInfo) runs its draft
+        forwards after the catch-up as one chain, as ``run`` decides: chains are built
+        and every request is greedy, without a logit bias. A batch with sampled requests
+        also chains when only greedy ones draft; the policy prices it as a loop."""
+        return self.chains is not None and bool(sampling_info.is_all_greedy) and sampling_info.logit_bias is None
+
     def run(
         self,
         batch: ScheduleBatch,

@@ -42,6 +42,9 @@ class StepContext:
     # [bs] tokens each request may still emit (max_new_tokens less those emitted; None:
     # no limit); None: unknown for every request.
     remaining_tokens: Optional[tuple[Optional[int], ...]] = None
+    # Whether the step's draft forwards after the catch-up run as one chain, in which
+    # every drafting request runs to the longest draft (spec_worker/draft_chain.py).
+    chained: bool = False
 
     def __post_init__(self) -> None:
         if len(self.seq_lens) != len(self.draft_kv_lens):

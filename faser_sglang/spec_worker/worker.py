@@ -192,6 +192,7 @@ class FaserWorker(BaseSpecWorker):
             budget,
             self.draft_phase.chunks.row_limit() or None,
             tuple(remaining),
+            self.draft_phase.chains_batch(batch.sampling_info),
         )
         lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), remaining)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))

@@ -22,6 +22,7 @@ from faser_sglang.spec_worker.adaptive.cost_model import (
     analytical,
     fit,
     read_cost_entries,
+    sample_time,
     write_cost_entry,
 )
 from faser_sglang.spec_worker.adaptive.drafter import (
@@ -56,5 +57,6 @@ __all__ = [
     "gpu_spec",
     "load_cost_model",
     "read_cost_entries",
+    "sample_time",
     "write_cost_entry",
 ]

@@ -24,6 +24,12 @@ request i from k_i = j to j + 1, gains g[i, j] tokens and costs
   catch-up forwards as the catch-up tokens of the requests drafting so far grow (a
   catch-up longer than the CUDA graphs hold runs in several decode-row forwards:
   ``CatchupPieces``).
+When the step's draft forwards run as one chain (``chained``: every drafting request
+runs to the deepest draft, ``cost_model``), an item at j > 0 has no draft cost of its
+own; instead every drafting request pays a DECODE row per step of the chain, so the
+step's draft rows cost (deepest - 1) times the row prices of the requests drafting so
+far, which the exact evaluation adds (and which, like the forwards, never falls when
+an item is added).
 Adding an item with gain g and cost c raises R = S / T iff g / c > R, so items are
 offered best first by marginal efficiency g / (c + v_1): the order in which
 single-position greedy would add them. Within a request the order is kept a prefix
@@ -127,6 +133,7 @@ def allocate(
     max_drafts: Optional[int] = None,  # at most this many drafts in all (None: no cap)
     pieces: Optional[CatchupPieces] = None,  # None: a catch-up is one forward
     drafting_overhead: float = 0.0,  # seconds any drafting step adds beyond ``cost`` (calibration.py)
+    chained: bool = False,  # the draft forwards run as one chain: every drafting row runs to the deepest
 ) -> Allocation:
     """Draft lengths maximising expected tokens per second (see the module docstring).
 
@@ -144,15 +151,17 @@ def allocate(
     verify = cost.verify.time(bs, bs + np.arange(bs * k_max + 1), context)  # [M+1]
     # [K+1] seconds of draft forwards (and the drafting step's overhead) when the deepest draft is 0..K.
     forward = np.concatenate(([0.0], drafting_overhead + d.extend_forward + d.decode_forward * np.arange(k_max)))
+    row = d.row_step + d.context_row_step * seq_lens  # [bs] a request's DECODE row in one draft forward
     own = np.empty((bs, k_max))  # [bs, K] item's own draft cost c[i, j]
-    own[:] = (d.row_step + d.context_row_step * seq_lens)[:, None]
+    own[:] = 0.0 if chained else row[:, None]
     own[:, 0] = d.catchup_token * np.asarray(catchup, np.float64) + d.context_row_step * seq_lens
+    chain_rows = row if chained else np.zeros(bs)  # [bs] per chain step, once the request drafts
     if not _any_draft_can_pay(gains, own, verify, forward, max_drafts, no_draft.tokens_per_second):
         return no_draft
     # [bs, K] with the first verify token's price; floored so a free item ranks first
     # instead of dividing by zero (a fit may price some features at exactly 0).
     priced = np.maximum(own + (verify[1] - verify[0]), MIN_ITEM_SECONDS)
-    walk = _Walk(gains, own, verify, forward, d.extend_forward, pieces, max_drafts, _ceilings(gains, priced))
+    walk = _Walk(gains, own, chain_rows, verify, forward, d.extend_forward, pieces, max_drafts, _ceilings(gains, priced))
     best = walk.best(priced, no_draft)
     if pieces is not None:
         # Catch-up forwards are a step function of the drafting requests' tokens, which
@@ -171,6 +180,7 @@ class _Walk:
 
     gains: np.ndarray  # [bs, K]
     own: np.ndarray  # [bs, K] item's own draft cost
+    chain_rows: np.ndarray  # [bs] a drafting request's row per chain step (zeros without a chain)
     verify: np.ndarray  # [M+1] verify seconds with 0..M extra tokens
     forward: np.ndarray  # [K+1] draft forwards' seconds when the deepest draft is 0..K
     catchup_forward: float  # seconds per catch-up forward
@@ -194,7 +204,7 @@ class _Walk:
             piece_tokens = pieces.piece_tokens
         lens = np.zeros(bs, np.int64)
         found, tokens, seconds = _walk_kernel(
-            self.gains, self.own, self.verify, self.forward, _ranking_key(self.gains, priced),
+            self.gains, self.own, self.chain_rows, self.verify, self.forward, _ranking_key(self.gains, priced),
             np.ascontiguousarray(self.ceiling, np.float64), NO_CAP if self.max_drafts is None else self.max_drafts,
             steady, total, backlog_rate, piece_tokens, self.catchup_forward, best.tokens_per_second, lens,
         )  # fmt: skip
@@ -207,6 +217,7 @@ class _Walk:
 def _walk_kernel(
     gains: np.ndarray,  # [bs, K]
     own: np.ndarray,  # [bs, K]
+    chain_rows: np.ndarray,  # [bs]
     verify: np.ndarray,  # [M+1]
     forward: np.ndarray,  # [K+1]
     key: np.ndarray,  # [bs, K] ranking key (_ranking_key)
@@ -242,7 +253,8 @@ def _walk_kernel(
     # point down to none ends at a verify of bs tokens alone, so the argument needs that
     # to be no faster than the best rate; it is whenever the plain decode is cheaper
     # than that verify (cost files fitted with the tied plain term). At high load most
-    # items go. Ceilings are non-increasing along j: requests keep prefixes.
+    # items go. Ceilings are non-increasing along j: requests keep prefixes. Chain rows
+    # only add to an item's marginal cost.
     prune = bs / verify[0] <= best_rate
     order = np.empty(m_all, np.int64)
     n = 0
@@ -253,7 +265,7 @@ def _walk_kernel(
             n += 1
     top_rate, top_cap, top_last, top_tokens, top_seconds = -np.inf, 0, 0, 0.0, 0.0
     for cap in range(1, k_max + 1):
-        tokens, own_sum, count, deepest = float(bs), 0.0, 0, 0
+        tokens, own_sum, count, deepest, rows_sum = float(bs), 0.0, 0, 0, 0.0
         steady_sum, total_sum, rate_max = 0.0, 0.0, 0.0
         for m in range(n):
             i, j = order[m] % bs, order[m] // bs
@@ -264,8 +276,10 @@ def _walk_kernel(
                 break
             tokens += gains[i, j]
             own_sum += own[i, j]
+            if j == 0:
+                rows_sum += chain_rows[i]
             deepest = max(deepest, j + 1)
-            seconds = own_sum + verify[count] + forward[deepest]
+            seconds = own_sum + verify[count] + forward[deepest] + rows_sum * (deepest - 1)
             if piece_tokens > 0:  # catch-up forwards beyond the first
                 if j == 0:  # the request's first item brings its catch-up tokens
                     steady_sum += steady[i]

@@ -25,6 +25,17 @@ forward is bound by reading its weights, steeper once the GEMMs become compute
 bound. The allocator prices the per-request terms per draft position, the forward
 counts as whole forwards (a deeper maximum, a catch-up past a piece boundary).
 
+A greedy step's draft forwards 2..m run as one chain (``spec_worker/draft_chain.py``)
+in which every drafting request runs to m, so there the two per-request terms are
+
+    row_step         * n (m - 1)                  n = requests with k_i > 0
+    context_row_step * m * sum_{k_i > 0} L_i
+
+(``chained``): a draft below the step's longest costs its request no draft forward,
+only its verify token; the step's longest draft costs every drafting row one more
+step. The trace says which way each profiled step ran (``draft_steps``), so one fit
+serves both.
+
 A step in which nobody drafts is not a verify: the worker runs it as a plain decode
 through SGLang's own model worker (``VerifyPhase.plain_decode``), which costs less
 than the verify path at N = bs (no ragged layout, no acceptance). When the profile
@@ -95,6 +106,8 @@ OLDER_FORMATS = {
 DEFAULT_KNOTS = (128, 256, 512, 1024, 2048, 4096)
 # Per-step trace fields a profiled sample needs (draft_seconds is optional).
 TRACE_KEYS = ("draft_lens", "seq_lens", "draft_kv_lens", "seconds")
+# A trace's draft_steps values of steps whose draft steps ran as one chain (DraftOutput.steps).
+CHAINED_STEPS = ("chain", "graph")
 # Fewest training steps without drafts that get their own plain term.
 MIN_PLAIN_SAMPLES = 8
 
@@ -174,8 +187,9 @@ class CostModel:
         seq_lens: Sequence[int],
         catchup: Sequence[int],
         piece_tokens: Optional[int] = None,  # catch-up tokens per draft forward (None: one forward)
+        chained: bool = False,  # draft steps 2..m as one chain: every drafting row runs to m
     ) -> float:
-        features = _draft_features(draft_lens, seq_lens, catchup, piece_tokens)
+        features = _draft_features(draft_lens, seq_lens, catchup, piece_tokens, chained)
         return float(np.dot(features, _draft_vector(self.draft)))
 
     def verify_time(self, draft_lens: Sequence[int], seq_lens: Sequence[int]) -> float:
@@ -187,11 +201,13 @@ class CostModel:
         seq_lens: Sequence[int],
         catchup: Sequence[int],
         piece_tokens: Optional[int] = None,
+        chained: bool = False,
     ) -> float:
         """Predicted seconds of a step with lengths ``draft_lens`` ([bs] each sequence)."""
         if not any(draft_lens):
             return self.no_draft_time(seq_lens)
-        return self.draft_time(draft_lens, seq_lens, catchup, piece_tokens) + self.verify_time(draft_lens, seq_lens)
+        draft = self.draft_time(draft_lens, seq_lens, catchup, piece_tokens, chained)
+        return draft + self.verify_time(draft_lens, seq_lens)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -238,6 +254,7 @@ class StepSample:
     seconds: float  # whole step
     draft_seconds: Optional[float] = None  # draft phase alone, when the trace has it
     piece_tokens: Optional[int] = None  # catch-up tokens per draft forward (older traces: None)
+    chained: bool = False  # its draft steps ran as one chain (older traces: never)
 
     @classmethod
     def from_trace_record(cls, record: Mapping[str, Any]) -> "StepSample":
@@ -257,6 +274,7 @@ class StepSample:
             seconds=float(record["seconds"]),
             draft_seconds=None if draft_seconds is None else float(draft_seconds),
             piece_tokens=_optional_int(record.get("catchup_piece_tokens")),
+            chained=record.get("draft_steps") in CHAINED_STEPS,
         )
 
 
@@ -293,7 +311,7 @@ def fit(
     # A knot past every training point has no data to fit its slope.
     knots = tuple(float(b) for b in knots if b < tokens[train].max())
     x_draft = np.array(
-        [_draft_features(s.draft_lens, s.seq_lens, s.catchup, s.piece_tokens) for s in samples]
+        [_draft_features(s.draft_lens, s.seq_lens, s.catchup, s.piece_tokens, s.chained) for s in samples]
     )  # [n, 5]
     x_verify = np.array([_verify_features(s.draft_lens, s.seq_lens, knots) for s in samples])  # [n, 4+B]
     if all(samples[i].draft_seconds is not None for i in train):
@@ -313,9 +331,14 @@ def fit(
         plain = _fit_plain([samples[i].seq_lens for i in plain_rows], seconds[plain_rows], verify)
     model = CostModel(draft=DraftCost(*(float(c) for c in c_draft)), verify=verify, source="profiled", plain=plain)
     held_out = [samples[i] for i in hold]
-    predicted = np.array([model.step_time(s.draft_lens, s.seq_lens, s.catchup, s.piece_tokens) for s in held_out])
+    predicted = np.array([sample_time(model, s) for s in held_out])
     mape = float(np.mean(np.abs(predicted - seconds[hold]) / seconds[hold]))
     return replace(model, holdout_mape=mape, num_samples=n)
+
+
+def sample_time(model: CostModel, sample: StepSample) -> float:
+    """The model's prediction of a profiled step."""
+    return model.step_time(sample.draft_lens, sample.seq_lens, sample.catchup, sample.piece_tokens, sample.chained)
 
 
 def _optional_int(value: Any) -> Optional[int]:
@@ -339,12 +362,18 @@ def _fit_plain(seq_lens: Sequence[Sequence[int]], seconds: np.ndarray, verify: V
 
 
 def _draft_features(
-    draft_lens: Sequence[int], seq_lens: Sequence[int], catchup: Sequence[int], piece_tokens: Optional[int]
+    draft_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    catchup: Sequence[int],
+    piece_tokens: Optional[int],
+    chained: bool = False,
 ) -> np.ndarray:
     """[5] in DraftCost's field order."""
     k = np.asarray(draft_lens, np.float64)
     m = k.max(initial=0.0)
     forwards = catchup_forwards(_catchup_total(draft_lens, catchup), piece_tokens) if m > 0 else 0
+    if chained:  # every drafting row runs to m
+        k = np.where(k > 0, m, 0.0)
     return np.array(
         [
             float(forwards),

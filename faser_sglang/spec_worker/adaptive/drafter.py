@@ -173,6 +173,7 @@ class AdaptiveDrafterPolicy:
             max_drafts=context.max_drafts(),
             pieces=pieces,
             drafting_overhead=0.0 if self.overhead is None else self.overhead.seconds,
+            chained=context.chained,
         )
         return list(allocation.draft_lens)
 
@@ -183,7 +184,7 @@ class AdaptiveDrafterPolicy:
         predicted = None
         if any(lengths):  # its whole catch-up runs this step, not the charged share
             predicted = self.cost_model.step_time(
-                lengths, context.seq_lens, context.catchup_tokens(), context.catchup_piece_tokens
+                lengths, context.seq_lens, context.catchup_tokens(), context.catchup_piece_tokens, context.chained
             )
         if self.overhead.step(started, predicted) and self.overhead.measured % CALIBRATION_LOG_EVERY == 0:
             logger.info(
