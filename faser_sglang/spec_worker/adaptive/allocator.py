@@ -156,7 +156,7 @@ def allocate(
     own[:] = 0.0 if chained else row[:, None]
     own[:, 0] = d.catchup_token * np.asarray(catchup, np.float64) + d.context_row_step * seq_lens
     chain_rows = row if chained else np.zeros(bs)  # [bs] per chain step, once the request drafts
-    if not _any_draft_can_pay(gains, own, verify, forward, max_drafts, no_draft.tokens_per_second):
+    if not _any_draft_can_pay(gains, own, chain_rows, verify, forward, max_drafts, no_draft.tokens_per_second):
         return no_draft
     # [bs, K] with the first verify token's price; floored so a free item ranks first
     # instead of dividing by zero (a fit may price some features at exactly 0).
@@ -316,6 +316,7 @@ def _catchup_forwards(tokens: float, piece_tokens: int) -> float:
 def _any_draft_can_pay(
     gains: np.ndarray,  # [bs, K]
     own: np.ndarray,  # [bs, K] item's own draft cost (a request's catch-up on its first)
+    chain_rows: np.ndarray,  # [bs] a drafting request's row per chain step (zeros without a chain)
     verify: np.ndarray,  # [M+1] verify seconds with 0..M drafts
     forward: np.ndarray,  # [K+1] draft forwards' seconds when the deepest draft is 0..K
     max_drafts: Optional[int],
@@ -326,19 +327,23 @@ def _any_draft_can_pay(
     positions < c, and takes at least the verify of bs + n tokens, c draft forwards and
     the drafts' own costs: each at least the least own cost lo, and each of its at least
     n / c requests' first draft (which carries the request's catch-up) at least the least
-    first-draft cost more. Checked for every c and n (costs are non-negative:
+    first-draft cost more, and in a chain each of those requests c - 1 rows at least the
+    least chain row. Checked for every c and n (costs are non-negative:
     CostModel.from_dict refuses others). This is
     the regime of high load (a verify token dearer than its gain is worth, catch-ups
     grown over plain steps), where it saves the walks; bounding each depth apart keeps
     the deep drafts of a few well-accepted requests from passing it at the price of one
     forward and one catch-up."""
-    return _bound_kernel(gains, own, verify, forward, NO_CAP if max_drafts is None else max_drafts, plain_rate)
+    return _bound_kernel(
+        gains, own, chain_rows, verify, forward, NO_CAP if max_drafts is None else max_drafts, plain_rate
+    )
 
 
 @njit(cache=True)
 def _bound_kernel(
     gains: np.ndarray,  # [bs, K]
     own: np.ndarray,  # [bs, K]
+    chain_rows: np.ndarray,  # [bs]
     verify: np.ndarray,  # [M+1]
     forward: np.ndarray,  # [K+1]
     max_drafts: int,  # NO_CAP: none
@@ -352,6 +357,7 @@ def _bound_kernel(
     order = np.argsort(-flat)  # largest gain first
     lo = own.min()
     first = own[:, 0].min()  # >= lo
+    chain_lo = chain_rows.min()
     for cap in range(1, k_max + 1):
         count, top = 0, 0.0  # n, the n largest gains at positions < cap
         for item in order:
@@ -361,7 +367,8 @@ def _bound_kernel(
             if max_drafts != NO_CAP and count > max_drafts:
                 break
             top += flat[item]
-            seconds = verify[count] + forward[cap] + lo * count + (first - lo) * count / cap
+            requests = count / cap  # at least, drafting up to cap deep
+            seconds = verify[count] + forward[cap] + lo * count + (first - lo + chain_lo * (cap - 1)) * requests
             if (bs + top) / seconds > plain_rate:
                 return True
     return False
