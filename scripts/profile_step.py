@@ -81,6 +81,8 @@ def profile_once(server: servers.Server, name: str, size: int, args: argparse.Na
         wait_for_batch(server.base_url, size, args.timeout)
         time.sleep(args.settle)
         profile_id = f"{name}-c{size}"
+        trace = args.out / f"{profile_id}-TP-0.trace.json.gz"
+        trace.unlink(missing_ok=True)  # an earlier run's would be read as this one's
         r = requests.post(
             f"{server.base_url}/start_profile",
             json={
@@ -95,9 +97,12 @@ def profile_once(server: servers.Server, name: str, size: int, args: argparse.Na
         )
         if r.status_code != 200:
             raise RuntimeError(f"/start_profile answered {r.status_code}: {r.text[:500]}")
-        events = wait_for_trace(args.out / f"{profile_id}-TP-0.trace.json.gz", args.timeout)
+        events = wait_for_trace(trace, args.timeout)
     finally:
-        requests.post(f"{server.base_url}/abort_request", json={"abort_all": True}, timeout=60)
+        try:
+            requests.post(f"{server.base_url}/abort_request", json={"abort_all": True}, timeout=60)
+        except requests.RequestException as e:  # a dead server: the error that killed it says more
+            print(f"{name}: could not abort the requests ({e})", file=sys.stderr)
         sender.join(timeout=args.timeout)
     left = health.wait_until_drained(server.base_url)
     if not left.idle or left.used_tokens:
@@ -150,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--steps must be at least 2 (a step's period ends at the next step)")
     if min(args.concurrency) < 1:
         p.error("--concurrency values must be >= 1")
+    if "CPU" not in args.activities:
+        p.error("--activities must include CPU: FASER's step and phase ranges are CPU events")
     args.command = " ".join(["python scripts/profile_step.py", *(argv if argv is not None else sys.argv[1:])])
     run(args)
     return 0

@@ -73,15 +73,48 @@ def test_phases_are_measured_from_host_calls_and_their_device_work():
 
 def test_summary_groups_steps_and_reads_gzipped_traces(tmp_path):
     path = tmp_path / "t.trace.json.gz"
+    last = [x("user_annotation", "faser.decode bs=2", 3000, 3100), x("user_annotation", "faser.draft", 3010, 3020)]
     with gzip.open(path, "wt") as f:
-        json.dump({"traceEvents": gpu_trace()}, f)
+        json.dump({"traceEvents": gpu_trace() + last}, f)
     groups = step_profile.summarize(step_profile.steps(step_profile.parse(step_profile.load_events(path))))
+    # The trace's last step (its device work may outlast the profile) is left out.
     assert [(g["kind"], g["steps"]) for g in groups] == [("drafting/chain", 1), ("plain", 1)]
     assert groups[0]["phases"]["draft.chain"]["graphs"] == 1 and groups[0]["phases"]["draft"]["steps"] == 1
     assert groups[0]["top_ops_ms_per_step"]["draft.catchup"] == [["aten::mm", pytest.approx(0.08)]]
     md = step_profile.markdown(groups, title="t")
     assert "### drafting/chain, batch 2 (1 steps)" in md and "| &nbsp;&nbsp;draft.chain | 0.29 |" in md
-    assert "period 2.00 ms" in md and "period - ms" in md  # the plain step is the trace's last
+    assert "period 2.00 ms" in md and "period 1.00 ms" in md
+
+
+def test_step_kinds_and_the_synchronous_loops_second_settle():
+    """A synchronous server settles a step's acceptance at its end: both settle ranges
+    count. A step whose drafts all stop at the first is ``drafting/one``; one that took
+    the verify path without drafts (logprobs) is ``verify/no-drafts``."""
+    events = [
+        x("user_annotation", "faser.decode bs=1", 0, 100),
+        x("user_annotation", "faser.settle", 0, 5),
+        x("user_annotation", "faser.draft", 10, 40),
+        x("user_annotation", "faser.draft.catchup", 10, 30),
+        x("user_annotation", "faser.draft.first", 30, 40),
+        x("user_annotation", "faser.verify", 40, 80),
+        x("user_annotation", "faser.accept", 80, 85),
+        x("user_annotation", "faser.settle", 85, 95),
+        x("user_annotation", "faser.accept", 95, 100),
+        x("user_annotation", "faser.decode bs=1", 200, 300),
+        x("user_annotation", "faser.draft", 210, 211),
+        x("user_annotation", "faser.verify", 211, 290),
+    ]
+    one, logprobs = step_profile.steps(step_profile.parse(events))
+    assert (one.kind, logprobs.kind) == ("drafting/one", "verify/no-drafts")
+    assert one.phases["settle"]["host_ms"] == pytest.approx(0.015) and one.phases["accept"]["host_ms"] == pytest.approx(0.01)
+    assert one.phases["draft.first"]["host_ms"] == pytest.approx(0.01)
+
+
+def test_profile_step_refuses_a_profile_without_host_events(tmp_path, capsys):
+    script = load_script("profile_step")
+    with pytest.raises(SystemExit):
+        script.main(["--target", "T", "--draft", "D", "--out", str(tmp_path), "--activities", "GPU"])
+    assert "must include CPU" in capsys.readouterr().err
 
 
 def test_profile_step_records_every_phase_of_a_live_server(tiny_models, cpu_server_env, tmp_path):

@@ -5,8 +5,10 @@ worker opens named ranges in it (``faser_sglang.metrics.annotate``): one per ste
 ``faser.decode bs=N`` or ``faser.prefill bs=N``, and inside a decode step one per
 phase, in order: ``settle`` (the previous step's acceptance read back), ``policy``
 (lengths, layout), then either ``plain`` (nobody drafts: a plain decode) or ``draft``
-(with ``draft.catchup`` and ``draft.chain`` or ``draft.loop`` inside it), ``verify``
-and ``accept``.
+(with ``draft.catchup`` and then ``draft.chain``, ``draft.loop`` or, when no request
+drafts past its first token, ``draft.first`` inside it), ``verify`` and ``accept``.
+On SGLang's synchronous loop a step settles its own acceptance at its end: a second
+``settle`` range (then ``accept`` again), whose figures add to the first's.
 
 Per phase of a step:
 
@@ -25,8 +27,10 @@ Per step: ``period_ms`` from its start to the next step's start (the scheduler's
 work between steps included; the last step of a trace has none), and the device's
 busy time in that period (the union of every kernel, copy and memset on any stream).
 Steps are grouped by kind (``prefill``, ``plain``, ``drafting/chain``,
-``drafting/loop``, ``drafting/one`` when the draft ran its catch-up only) and batch
-size; every figure is the median over a group's steps.
+``drafting/loop``, ``drafting/one`` when no request drafted past its first token, and
+``verify/no-drafts`` for a step that took the verify path without drafts: logprobs
+were asked for) and batch size; every figure is the median over a group's steps. Each
+thread's last step is left out: the profiler stops while its device work may still run.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ STEP_RANGE = re.compile(re.escape(RANGE_PREFIX) + r"(decode|prefill) bs=(\d+)$")
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 # Phases in the order a step runs them; sub-phases of ``draft`` follow it.
-PHASES = ("settle", "policy", "plain", "draft", "draft.catchup", "draft.chain", "draft.loop", "verify", "accept")
+PHASES = (
+    "settle", "policy", "plain", "draft", "draft.catchup", "draft.chain", "draft.loop", "draft.first", "verify", "accept",
+)  # fmt: skip
 METRICS = ("host_ms", "ops_ms", "runtime_ms", "python_ms", "sync_ms", "copy_ms", "launches", "graphs", "gpu_ms")
 # Timestamps are microseconds as floats; a nested event may end a rounding error past its parent.
 EPSILON_US = 0.01
@@ -170,8 +176,13 @@ def steps(trace: Trace) -> list[StepProfile]:
         phase_ops: dict[str, dict[str, float]] = {}
         for x in inner:
             name = x.name.removeprefix(RANGE_PREFIX)
-            if name in PHASES and name not in phases:  # a phase runs once per step
-                phases[name], phase_ops[name] = _measure(trace, x)
+            if name in PHASES:  # twice in a step: the synchronous loop's settle and accept
+                metrics, ops = _measure(trace, x)
+                total, total_ops = phases.setdefault(name, dict.fromkeys(METRICS, 0.0)), phase_ops.setdefault(name, {})
+                for k, v in metrics.items():
+                    total[k] += v
+                for k, v in ops.items():
+                    total_ops[k] = total_ops.get(k, 0.0) + v
         period = device_busy = None
         if nxt is not None:
             period = (nxt.start - r.start) / 1e3
@@ -192,10 +203,12 @@ def steps(trace: Trace) -> list[StepProfile]:
 
 
 def summarize(profiles: Sequence[StepProfile]) -> list[dict[str, Any]]:
-    """Medians per (kind, batch size), most steps first."""
+    """Medians per (kind, batch size), most steps first, over the steps that have a
+    next step (the module docstring says why)."""
     groups: dict[tuple[str, int], list[StepProfile]] = defaultdict(list)
     for p in profiles:
-        groups[(p.kind, p.batch_size)].append(p)
+        if p.period_ms is not None:
+            groups[(p.kind, p.batch_size)].append(p)
     out = []
     for (kind, bs), group in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         phases = {}
@@ -213,16 +226,14 @@ def summarize(profiles: Sequence[StepProfile]) -> list[dict[str, Any]]:
             ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:TOP_OPS]
             per_step = [[name, total / phases[phase]["steps"]] for name, total in ranked]
             top_ops[phase] = [[name, ms] for name, ms in per_step if ms >= MIN_OP_MS]
-        periods = [p.period_ms for p in group if p.period_ms is not None]
-        busy = [p.device_busy_ms for p in group if p.device_busy_ms is not None]
         out.append(
             {
                 "kind": kind,
                 "batch_size": bs,
                 "steps": len(group),
                 "host_ms": statistics.median(p.host_ms for p in group),
-                "period_ms": statistics.median(periods) if periods else None,
-                "device_busy_ms": statistics.median(busy) if busy else None,
+                "period_ms": statistics.median(p.period_ms for p in group),
+                "device_busy_ms": statistics.median(p.device_busy_ms for p in group),
                 "phases": phases,
                 "top_ops_ms_per_step": top_ops,
             }
@@ -233,13 +244,11 @@ def summarize(profiles: Sequence[StepProfile]) -> list[dict[str, Any]]:
 def markdown(groups: Sequence[dict[str, Any]], title: str = "") -> str:
     lines = [f"## {title}", ""] if title else []
     for g in groups:
-        period = "-" if g["period_ms"] is None else f"{g['period_ms']:.2f}"
-        busy = "-" if g["device_busy_ms"] is None else f"{g['device_busy_ms']:.2f}"
         lines += [
             f"### {g['kind']}, batch {g['batch_size']} ({g['steps']} steps)",
             "",
-            f"period {period} ms (step start to next step start), in the step {g['host_ms']:.2f} ms, "
-            f"device busy {busy} ms of the period",
+            f"period {g['period_ms']:.2f} ms (step start to next step start), in the step {g['host_ms']:.2f} ms, "
+            f"device busy {g['device_busy_ms']:.2f} ms of the period",
             "",
             "| phase | host ms | ops | runtime | python | sync | copy | launches | graphs | gpu ms | top operators (ms/step) |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
@@ -285,7 +294,12 @@ def _measure(trace: Trace, phase: Event) -> tuple[dict[str, float], dict[str, fl
 
 
 def _is_launch(name: str) -> bool:
-    return "LaunchKernel" in name or "GraphLaunch" in name or name.startswith(("cudaMemcpy", "cudaMemset", "cuMemcpy", "cuMemset"))
+    return (
+        "LaunchKernel" in name
+        or "LaunchCooperativeKernel" in name
+        or "GraphLaunch" in name
+        or name.startswith(("cudaMemcpy", "cudaMemset", "cuMemcpy", "cuMemset"))
+    )
 
 
 def _kind(step: str, phases: dict[str, Any]) -> str:
@@ -297,7 +311,9 @@ def _kind(step: str, phases: dict[str, Any]) -> str:
         return "drafting/chain"
     if "draft.loop" in phases:
         return "drafting/loop"
-    return "drafting/one" if "draft" in phases else "other"
+    if "draft.first" in phases:
+        return "drafting/one"
+    return "verify/no-drafts" if "verify" in phases else "other"
 
 
 def _outermost(events: list[Event]) -> list[Event]:

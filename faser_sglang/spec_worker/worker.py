@@ -231,7 +231,9 @@ class FaserWorker(BaseSpecWorker):
         clock.mark("accept")
         self._pending = PendingStep.of(rids, seq_lens, draft_kv_lens, lengths, result.accept_lens, started, clock)
         if not self.overlap:
+            ranges.begin("settle")
             self._settle()  # the synchronous schedule waits for this step's results anyway
+            ranges.begin("accept")  # building the result
         # Draft KV is valid up to the committed length it was fed (FaserDraftState).
         next_state = FaserDraftState(drafts.draft_kv_lens, last)
         return self._result(batch, result, accept_lens, logits, new_seq_lens, next_state)

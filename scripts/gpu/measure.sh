@@ -146,6 +146,8 @@ case ${1:?call: 1|2|3|4} in
     # AD_TRACE=1: FASER-AD traces every decode step (synchronizing at each phase, so its
     # timings are a diagnosis, not a contender's speed), checked against the cost model.
     echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"${AD_TRACE:+, \"trace_path\": \"$RES/faser-ad-trace.jsonl\"}}" > $RES/faser-ad.json
+    # The step profile's faser-ad, never traced (a trace synchronizes every phase).
+    echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"}" > $RES/faser-ad-untraced.json
     rm -f $RES/faser-ad-trace.jsonl
     rm -f $RES/ab.done $RES/big.done
     log "background: build pair (GPU 0), profile, A/B (one lane per GPU: $NUM_GPUS), TP=2"
@@ -164,7 +166,7 @@ case ${1:?call: 1|2|3|4} in
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
       if [[ -n '${STEP_PROFILE:-}' ]]; then  # where a decode step's time goes, per phase (steps/steps.md)
         CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_step.py --target $MODELS/target --draft $MODELS/draft \
-          --out $RES/steps --contenders ${STEP_PROFILE:-} --faser-ad-config $RES/faser-ad.json --k-max 7 \
+          --out $RES/steps --contenders ${STEP_PROFILE:-} --faser-ad-config $RES/faser-ad-untraced.json --k-max 7 \
           --concurrency ${STEP_CONCURRENCY:-1 4 8} --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -80 || true
         rm -f $RES/steps/*.trace.json.gz  # megabytes each; steps.json holds what they say
       fi
