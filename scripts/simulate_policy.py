@@ -5,7 +5,7 @@
         [--prompt-tokens 100 400] [--eager-prefill] [--catchup-horizon 16] \\
         [--catchup-piece-tokens 128] [--max-verify-tokens 128] [--fixed-lengths 1 3 5] \\
         [--ramp START END GROW [--ramp-warm-steps 600] [--ramp-hold-steps 100]] \
-        [--drafting-overhead-ms 3 [--step-calibration]] [--chained]
+        [--drafting-overhead-ms 3 [--step-calibration]] [--chained] [--oracle]
 
 No GPU and no server: the real policy object (acceptance windows, pooled prior,
 allocator) chooses every step's lengths; drafts are accepted at random with the given
@@ -49,6 +49,10 @@ excess from the simulated step times and prices it (adaptive/calibration.py).
 server with ``draft_chain`` runs greedy requests: every drafting request runs to the
 step's longest draft (cost_model.py).
 
+--oracle hands the policy every request's true per-position acceptance (shift included)
+in place of its acceptance windows: the same allocator with perfect estimates, so its
+gap to the default run is what estimating acceptance costs.
+
 With --ramp it also replays a burst: --ramp-warm-steps steps at START requests, then GROW
 more requests every step up to END, then --ramp-hold-steps steps at END, and prints the
 ramp and the hold apart against plain decoding of the same batches and against the best
@@ -67,6 +71,7 @@ from functools import partial
 from pathlib import Path
 from typing import Optional, Sequence
 
+import numpy as np
 from tqdm import tqdm
 
 from faser_sglang.config import FaserConfig
@@ -114,6 +119,7 @@ class SimulatedServer:
         fixed_length: Optional[int] = None,  # every request drafts this instead of the adaptive choice
         drafting_overhead: float = 0.0,  # seconds every drafting step takes beyond the cost model
         chained: bool = False,  # draft steps as one chain (draft_chain, greedy): every drafting row runs to m
+        oracle: bool = False,  # the policy sees every request's true acceptance instead of estimating it
     ):
         self.cost, self.k_max, self.fixed_length = cost, k_max, fixed_length
         self.accept, self.bad_accept, self.bad_steps = accept, bad_accept, bad_steps
@@ -121,6 +127,8 @@ class SimulatedServer:
         self.accept_spread, self.piece_tokens, self.max_verify_tokens = accept_spread, piece_tokens, max_verify_tokens
         self.rng = random.Random(seed)
         self.policy = AdaptiveDrafterPolicy(config, cost) if fixed_length is None else None  # None: fixed
+        if oracle and self.policy is not None:
+            self.policy.acceptance = TrueAcceptance(self)
         self.live: dict[str, list[int]] = {}  # rid -> [committed tokens, draft KV tokens, tokens left]
         self.offset: dict[str, float] = {}  # rid -> its shift of every acceptance probability
         self.next_id = 0
@@ -149,9 +157,7 @@ class SimulatedServer:
         lengths = [min(k, cap) for k, cap in zip(chosen, draft_caps(remaining, self.k_max))]
         if policy is not None:
             policy.step_began(self.clock, lengths, context)
-        bad = self.steps < self.bad_steps
-        probs = self.bad_accept if bad else self.accept
-        shift = {} if bad else self.offset  # the bad start is the same for everyone
+        probs, shift = self.acceptance()
         accepted = [_accepted(rng, k, probs, shift.get(r, 0.0)) for r, k in zip(rids, lengths)]
         if policy is not None:
             policy.observe(rids, lengths, accepted)
@@ -178,6 +184,33 @@ class SimulatedServer:
         self.steps += 1
         self.clock += outcome.seconds
         return outcome
+
+    def acceptance(self) -> tuple[Sequence[float], dict[str, float]]:
+        """This step's per-position acceptance and each request's shift of it (none
+        during the bad start, which is the same for everyone)."""
+        if self.steps < self.bad_steps:
+            return self.bad_accept, {}
+        return self.accept, self.offset
+
+
+class TrueAcceptance:
+    """``AcceptanceWindows`` in the shape the policy reads it, answering with every
+    request's true acceptance (``--oracle``): what perfect estimates would choose."""
+
+    def __init__(self, server: SimulatedServer) -> None:
+        self.server = server
+
+    def gains(self, rids: Sequence[str], k_max: int) -> np.ndarray:
+        """[bs, k_max] g[i, j] = P(drafts 0..j of request i accepted)."""
+        probs, shift = self.server.acceptance()
+        alpha = np.array([[_clip(probs[min(j, len(probs) - 1)] + shift.get(r, 0.0)) for j in range(k_max)] for r in rids])
+        return np.cumprod(alpha.reshape(len(rids), k_max), axis=1)
+
+    def observe(self, rids: Sequence[str], draft_lens: Sequence[int], num_accepted: Sequence[int]) -> None:
+        pass  # nothing to learn
+
+    def forget(self, rid: str) -> None:
+        pass
 
 
 def simulate(cost: CostModel, config: FaserConfig, batch_size: int, *, steps: int, **server) -> SimResult:
@@ -231,9 +264,13 @@ def _accepted(rng: random.Random, k: int, probs: Sequence[float], offset: float 
     """Accepted prefix of k drafts: draft j survives with probs[min(j, last)] + offset,
     kept within [0, 1]."""
     for j in range(k):
-        if rng.random() >= min(max(probs[min(j, len(probs) - 1)] + offset, 0.0), 1.0):
+        if rng.random() >= _clip(probs[min(j, len(probs) - 1)] + offset):
             return j
     return k
+
+
+def _clip(p: float) -> float:
+    return min(max(p, 0.0), 1.0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -268,6 +305,10 @@ def main(argv: list[str] | None = None) -> None:
         "--chained", action="store_true",
         help="draft steps run as one chain (draft_chain, greedy requests): every drafting row runs to the longest",
     )  # fmt: skip
+    p.add_argument(
+        "--oracle", action="store_true",
+        help="the policy sees each request's true acceptance: what perfect acceptance estimates would reach",
+    )  # fmt: skip
     args = p.parse_args(argv)
 
     entries = list(read_cost_entries(args.costs)[0].items())
@@ -284,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         prompt_tokens=tuple(args.prompt_tokens), output_tokens=args.output_tokens, eager_prefill=args.eager_prefill,
         seed=args.seed, accept_spread=args.accept_spread, piece_tokens=args.catchup_piece_tokens or None,
         max_verify_tokens=args.max_verify_tokens or None, drafting_overhead=args.drafting_overhead_ms / 1e3,
-        chained=args.chained,
+        chained=args.chained, oracle=args.oracle,
     )  # fmt: skip
     if args.batch_sizes:
         print(

@@ -148,3 +148,23 @@ def test_step_calibration_prices_an_overhead_the_cost_model_misses(script):
     good = dict(accept=[0.8, 0.75, 0.7], accept_spread=0.13, drafting_overhead=3e-3)
     paying = run(script, 4, calibrated, **good)
     assert paying.drafting_steps > 0.8 and paying.speedup > 1.15
+
+
+def test_oracle_prices_every_request_by_its_true_acceptance(script):
+    """--oracle: the policy reads each request's true per-position acceptance (its
+    shift included; the bad start's, the same for everyone, while it lasts) instead of
+    estimating it."""
+    server = script.SimulatedServer(
+        H200_14B, FaserConfig(policy="adaptive"), accept=[0.8, 0.5], bad_accept=[0.2], bad_steps=2, k_max=3,
+        prompt_tokens=(100, 100), output_tokens=64, eager_prefill=True, seed=0, accept_spread=0.3, oracle=True,
+    )  # fmt: skip
+    server.step(2)  # one step of the bad start left
+    rids = list(server.live)
+    assert np.allclose(server.policy.acceptance.gains(rids, 3), [[0.2, 0.04, 0.008]] * 2)
+    server.step(2)
+    shift = server.offset
+    expected = [np.cumprod([min(max(p + shift[r], 0.0), 1.0) for p in (0.8, 0.5, 0.5)]) for r in rids]
+    assert np.allclose(server.policy.acceptance.gains(rids, 3), expected)
+    assert all(abs(shift[r]) > 0 for r in rids)  # requests differ
+    # Perfect estimates at one request: at least what the estimated run reaches, here.
+    assert run(script, 1, oracle=True).speedup >= run(script, 1).speedup - 0.02
