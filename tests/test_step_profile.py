@@ -80,7 +80,7 @@ def test_summary_groups_steps_and_reads_gzipped_traces(tmp_path):
     # The trace's last step (its device work may outlast the profile) is left out.
     assert [(g["kind"], g["steps"]) for g in groups] == [("drafting/chain", 1), ("plain", 1)]
     assert groups[0]["phases"]["draft.chain"]["graphs"] == 1 and groups[0]["phases"]["draft"]["steps"] == 1
-    assert groups[0]["top_ops_ms_per_step"]["draft.catchup"] == [["aten::mm", pytest.approx(0.08)]]
+    assert groups[0]["top_ops_ms"]["draft.catchup"] == [["aten::mm", pytest.approx(0.08)]]
     md = step_profile.markdown(groups, title="t")
     assert "### drafting/chain, batch 2 (1 steps)" in md and "| &nbsp;&nbsp;draft.chain | 0.29 |" in md
     assert "period 2.00 ms" in md and "period 1.00 ms" in md

@@ -23,7 +23,7 @@ Per phase of a step:
     graphs      CUDA graph launches among them
     gpu_ms      device time of the work issued in the phase (matched by CUPTI correlation)
 
-Per step: ``period_ms`` from its start to the next step's start (the scheduler's own
+Beside them, the phase's outermost operators that took the most time. Per step: ``period_ms`` from its start to the next step's start (the scheduler's own
 work between steps included; the last step of a trace has none), and the device's
 busy time in that period (the union of every kernel, copy and memset on any stream).
 Steps are grouped by kind (``prefill``, ``plain``, ``drafting/chain``,
@@ -219,13 +219,12 @@ def summarize(profiles: Sequence[StepProfile]) -> list[dict[str, Any]]:
                 phases[phase]["steps"] = len(having)
         top_ops = {}
         for phase in phases:
-            totals: dict[str, float] = defaultdict(float)
-            for p in group:
-                for name, ms in p.ops.get(phase, {}).items():
-                    totals[name] += ms
-            ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:TOP_OPS]
-            per_step = [[name, total / phases[phase]["steps"]] for name, total in ranked]
-            top_ops[phase] = [[name, ms] for name, ms in per_step if ms >= MIN_OP_MS]
+            having = [p.ops[phase] for p in group if phase in p.ops]
+            names = {name for ops in having for name in ops}
+            # Medians like every other figure: a profile's first step can be a warm-up outlier.
+            medians = {name: statistics.median(ops.get(name, 0.0) for ops in having) for name in names}
+            ranked = sorted(medians.items(), key=lambda kv: -kv[1])[:TOP_OPS]
+            top_ops[phase] = [[name, ms] for name, ms in ranked if ms >= MIN_OP_MS]
         out.append(
             {
                 "kind": kind,
@@ -235,7 +234,7 @@ def summarize(profiles: Sequence[StepProfile]) -> list[dict[str, Any]]:
                 "period_ms": statistics.median(p.period_ms for p in group),
                 "device_busy_ms": statistics.median(p.device_busy_ms for p in group),
                 "phases": phases,
-                "top_ops_ms_per_step": top_ops,
+                "top_ops_ms": top_ops,
             }
         )
     return out
@@ -250,11 +249,11 @@ def markdown(groups: Sequence[dict[str, Any]], title: str = "") -> str:
             f"period {g['period_ms']:.2f} ms (step start to next step start), in the step {g['host_ms']:.2f} ms, "
             f"device busy {g['device_busy_ms']:.2f} ms of the period",
             "",
-            "| phase | host ms | ops | runtime | python | sync | copy | launches | graphs | gpu ms | top operators (ms/step) |",
+            "| phase | host ms | ops | runtime | python | sync | copy | launches | graphs | gpu ms | top operators (ms) |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for phase, m in g["phases"].items():
-            ops = ", ".join(f"{name} {ms:.2f}" for name, ms in g["top_ops_ms_per_step"].get(phase, []))
+            ops = ", ".join(f"{name} {ms:.2f}" for name, ms in g["top_ops_ms"].get(phase, []))
             label = ("&nbsp;&nbsp;" if "." in phase else "") + phase
             lines.append(
                 f"| {label} | {m['host_ms']:.2f} | {m['ops_ms']:.2f} | {m['runtime_ms']:.2f} | {m['python_ms']:.2f} "
