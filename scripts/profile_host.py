@@ -39,7 +39,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -47,14 +46,9 @@ import psutil
 
 from faser_sglang.bench import servers
 from faser_sglang.bench.client import replay
+from faser_sglang.bench.quick import Prompt
 
 PROMPT = "def fibonacci(n):\n    "
-
-
-@dataclass(frozen=True)
-class Prompt:
-    prompt: str
-    max_new_tokens: int
 
 
 DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)")

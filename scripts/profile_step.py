@@ -28,7 +28,6 @@ import shlex
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -37,15 +36,10 @@ from tqdm import tqdm
 
 from faser_sglang.bench import health, servers, step_profile
 from faser_sglang.bench.client import replay
+from faser_sglang.bench.quick import Prompt
 
 PROMPT = "def fibonacci(n):\n    "
 SAMPLING = {"temperature": 0.0, "ignore_eos": True}
-
-
-@dataclass(frozen=True)
-class Prompt:
-    prompt: str
-    max_new_tokens: int
 
 
 def wait_for_batch(base_url: str, size: int, timeout: float) -> None:

@@ -203,7 +203,7 @@ class TrueAcceptance:
     def gains(self, rids: Sequence[str], k_max: int) -> np.ndarray:
         """[bs, k_max] g[i, j] = P(drafts 0..j of request i accepted)."""
         probs, shift = self.server.acceptance()
-        alpha = np.array([[_clip(probs[min(j, len(probs) - 1)] + shift.get(r, 0.0)) for j in range(k_max)] for r in rids])
+        alpha = np.array([[_alpha(probs, j, shift.get(r, 0.0)) for j in range(k_max)] for r in rids])
         return np.cumprod(alpha.reshape(len(rids), k_max), axis=1)
 
     def observe(self, rids: Sequence[str], draft_lens: Sequence[int], num_accepted: Sequence[int]) -> None:
@@ -264,13 +264,14 @@ def _accepted(rng: random.Random, k: int, probs: Sequence[float], offset: float 
     """Accepted prefix of k drafts: draft j survives with probs[min(j, last)] + offset,
     kept within [0, 1]."""
     for j in range(k):
-        if rng.random() >= _clip(probs[min(j, len(probs) - 1)] + offset):
+        if rng.random() >= _alpha(probs, j, offset):
             return j
     return k
 
 
-def _clip(p: float) -> float:
-    return min(max(p, 0.0), 1.0)
+def _alpha(probs: Sequence[float], j: int, offset: float) -> float:
+    """P(draft j accepted | drafts before it accepted): probs[min(j, last)] + offset, within [0, 1]."""
+    return min(max(probs[min(j, len(probs) - 1)] + offset, 0.0), 1.0)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -62,10 +62,15 @@ class DraftPhase:
 
     def chains_batch(self, sampling_info) -> bool:
         """Whether a step over this batch (SGLang's SamplingBatchInfo) runs its draft
-        forwards after the catch-up as one chain, as ``run`` decides: chains are built
-        and every request is greedy, without a logit bias. A batch with sampled requests
-        also chains when only greedy ones draft; the policy prices it as a loop."""
-        return self.chains is not None and bool(sampling_info.is_all_greedy) and sampling_info.logit_bias is None
+        forwards after the catch-up as one chain, as ``run`` decides for its drafting
+        rows. A batch with sampled requests also chains when only greedy ones draft; the
+        policy prices it as a loop."""
+        return self._chains_serve(bool(sampling_info.is_all_greedy), sampling_info.logit_bias)
+
+    def _chains_serve(self, all_greedy: bool, logit_bias: Optional[torch.Tensor]) -> bool:
+        """Chains are built and the rows are greedy, without a logit bias (a sampled
+        step needs each draft's distribution, a biased one the bias at every step)."""
+        return self.chains is not None and all_greedy and logit_bias is None
 
     def run(
         self,
@@ -94,7 +99,7 @@ class DraftPhase:
         active_t = device_tensor(active, device)
         rows_sampling = sampling.select(active_t)
         m = max(k[i] for i in active)
-        chained = self.chains is not None and m > 1 and rows_sampling.all_greedy and rows_sampling.logit_bias is None
+        chained = m > 1 and self._chains_serve(rows_sampling.all_greedy, rows_sampling.logit_bias)
         if chained:
             with annotate("draft.chain"):
                 first = greedy_tokens(logits, rows_sampling)  # [n] d1
