@@ -41,7 +41,7 @@ import json
 import re
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence, Union
 
@@ -107,14 +107,13 @@ class Trace:
     ops: dict[Any, Timeline]  # per thread: outermost cpu_op events only
     runtime: dict[Any, Timeline]  # per thread: runtime and driver calls
     device: Timeline  # kernels, copies, memsets
-    device_by_correlation: dict[int, list[Event]] = field(default_factory=dict)
+    device_by_correlation: dict[int, list[Event]]
 
 
 @dataclass
 class StepProfile:
     kind: str
     batch_size: int
-    start: float  # us
     host_ms: float
     period_ms: Optional[float]  # None for the trace's last step
     device_busy_ms: Optional[float]  # in the period
@@ -165,41 +164,48 @@ def parse(events: Iterable[dict[str, Any]]) -> Trace:
 
 
 def steps(trace: Trace) -> list[StepProfile]:
-    """Every FASER step range of the trace, with its phases measured."""
-    step_ranges = [(r, STEP_RANGE.match(r.name)) for r in trace.ranges]
-    step_ranges = [(r, m) for r, m in step_ranges if m]
+    """Every FASER step range of the trace, with its phases measured, thread by thread."""
+    by_thread: dict[Any, list[Event]] = defaultdict(list)
+    for r in trace.ranges:
+        by_thread[r.tid].append(r)
     out = []
-    for n, (r, m) in enumerate(step_ranges):
-        nxt = next((s for s, _ in step_ranges[n + 1 :] if s.tid == r.tid), None)
-        inner = [x for x in trace.ranges if x.tid == r.tid and _within(x, r.start, r.end) and x is not r]
-        phases: dict[str, dict[str, float]] = {}
-        phase_ops: dict[str, dict[str, float]] = {}
-        for x in inner:
-            name = x.name.removeprefix(RANGE_PREFIX)
-            if name in PHASES:  # twice in a step: the synchronous loop's settle and accept
-                metrics, ops = _measure(trace, x)
-                total, total_ops = phases.setdefault(name, dict.fromkeys(METRICS, 0.0)), phase_ops.setdefault(name, {})
-                for k, v in metrics.items():
-                    total[k] += v
-                for k, v in ops.items():
-                    total_ops[k] = total_ops.get(k, 0.0) + v
-        period = device_busy = None
-        if nxt is not None:
-            period = (nxt.start - r.start) / 1e3
-            device_busy = trace.device.covered(r.start, nxt.start) / 1e3
-        out.append(
-            StepProfile(
-                kind=_kind(m.group(1), phases),
-                batch_size=int(m.group(2)),
-                start=r.start,
-                host_ms=(r.end - r.start) / 1e3,
-                period_ms=period,
-                device_busy_ms=device_busy,
-                phases=phases,
-                ops=phase_ops,
-            )
-        )
+    for thread_ranges in by_thread.values():
+        timeline = Timeline(thread_ranges)
+        step_ranges = [(r, m) for r in thread_ranges if (m := STEP_RANGE.match(r.name))]
+        following = [r for r, _ in step_ranges[1:]] + [None]
+        for (r, m), nxt in zip(step_ranges, following):
+            inner = [x for x in timeline.within(r.start, r.end) if x is not r]
+            out.append(_step(trace, r, m, inner, nxt))
     return out
+
+
+def _step(trace: Trace, r: Event, m: re.Match, inner: list[Event], nxt: Optional[Event]) -> StepProfile:
+    """The step of range ``r`` (its name matched as ``m``), its phases among ``inner``,
+    the thread's next step range ``nxt`` (None: the last)."""
+    phases: dict[str, dict[str, float]] = {}
+    phase_ops: dict[str, dict[str, float]] = {}
+    for x in inner:
+        name = x.name.removeprefix(RANGE_PREFIX)
+        if name in PHASES:  # twice in a step: the synchronous loop's settle and accept
+            metrics, ops = _measure(trace, x)
+            total, total_ops = phases.setdefault(name, dict.fromkeys(METRICS, 0.0)), phase_ops.setdefault(name, {})
+            for k, v in metrics.items():
+                total[k] += v
+            for k, v in ops.items():
+                total_ops[k] = total_ops.get(k, 0.0) + v
+    period = device_busy = None
+    if nxt is not None:
+        period = (nxt.start - r.start) / 1e3
+        device_busy = trace.device.covered(r.start, nxt.start) / 1e3
+    return StepProfile(
+        kind=_kind(m.group(1), phases),
+        batch_size=int(m.group(2)),
+        host_ms=(r.end - r.start) / 1e3,
+        period_ms=period,
+        device_busy_ms=device_busy,
+        phases=phases,
+        ops=phase_ops,
+    )
 
 
 def summarize(profiles: Sequence[StepProfile]) -> list[dict[str, Any]]:
