@@ -23,6 +23,10 @@ Every row runs to m = max k_r. A row with k_r < m drafts past its length: its to
 after k_r are dropped, and the draft KV it wrote past position L_r + k_r is never
 counted valid (state.py). Those writes stay inside the slots SGLang reserves per
 request for a step (2 * (K_max + 1) past the committed length, ``alloc_for_spec_decode``).
+
+On FlashInfer the chain plans its steps from host lengths (``HostPlannedFlashInfer``):
+SGLang's multi-step plan reads the step KV pointers back from the device, which would
+hold the host until the catch-up forward before it has finished.
 """
 
 from __future__ import annotations
@@ -32,9 +36,14 @@ from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence
 
 import torch
+from sglang.kernels.ops.attention.utils import assert_buffer_fits
+from sglang.srt.layers.attention import flashinfer_backend
+from sglang.srt.layers.attention.flashinfer_backend import FlashInferMultiStepDraftBackend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.speculative.eagle_info import EagleDraftInput
+from sglang.srt.speculative.spec_utils import draft_kv_indices_used_len
+from sglang.srt.utils import next_power_of_2
 
 logger = logging.getLogger(__name__)
 
@@ -72,16 +81,93 @@ class _Chain:
         return None, None, torch.stack(chain, dim=1), None
 
 
+def chain_kv_indptr(seq_lens: torch.Tensor, steps: int) -> torch.Tensor:
+    """[steps, bs + 1] int32 KV pointers of a chain's steps, from the host lengths
+    seq_lens [bs] (int64, the lengths before the chain's first token). At step i row z
+    attends over seq_lens[z] + i + 1 tokens, laid out row after row in that step's
+    kv_indices, as SGLang's ``generate_draft_decode_kv_indices`` packs them (topk = 1).
+
+    seq_lens [5, 3], steps 2 -> [[0, 6, 10], [0, 7, 12]]"""
+    lens = seq_lens.unsqueeze(0) + torch.arange(1, steps + 1, dtype=torch.int64).unsqueeze(1)  # [steps, bs]
+    indptr = torch.zeros((steps, seq_lens.numel() + 1), dtype=torch.int32)
+    indptr[:, 1:] = torch.cumsum(lens, dim=1)
+    return indptr
+
+
+class HostPlannedFlashInfer(FlashInferMultiStepDraftBackend):
+    """SGLang's FlashInfer multi-step draft backend, planned from host lengths.
+
+    SGLang's ``common_template`` has a kernel write every step's KV indices and KV
+    pointers, then copies the pointers to the host for FlashInfer's plan
+    (``kv_indptr.cpu()``). That copy waits for all work queued before it: in a FASER
+    step, the draft's catch-up forward, so the host could not queue the chain and the
+    verify behind it. For a chain (topk = 1) the pointers follow from the host lengths
+    (``chain_kv_indptr``); this plans with them and copies them over the kernel's, so
+    the pointers the attention reads are the ones FlashInfer planned, also for the
+    padding rows of a graph replay (the kernel derives pointers from positions, which
+    are 0 there, but lays out the indices by seq_lens).
+
+    The rest is SGLang 0.5.17's ``common_template`` unchanged."""
+
+    def common_template(self, forward_batch: ForwardBatch, kv_indices_buffer: torch.Tensor, call_fn) -> None:
+        if self.topk != 1 or forward_batch.seq_lens_cpu is None:
+            super().common_template(forward_batch, kv_indices_buffer, call_fn)
+            return
+        bs = forward_batch.batch_size
+        steps = self.speculative_num_steps
+        seq_lens_sum = forward_batch.seq_lens_sum
+        required = draft_kv_indices_used_len(seq_lens_sum, 1, bs, steps)
+        assert_buffer_fits(
+            required, kv_indices_buffer.shape[1], "FASER draft chain kv_indices row", bs=bs, seq_lens_sum=seq_lens_sum
+        )
+        self.generate_draft_decode_kv_indices[(steps, bs, 1)](
+            forward_batch.req_pool_indices,
+            self.req_to_token_pool.req_to_token,
+            forward_batch.seq_lens,
+            kv_indices_buffer,
+            self.kv_indptr,
+            forward_batch.positions,
+            self.pool_len,
+            kv_indices_buffer.shape[1],
+            self.kv_indptr.shape[1],
+            next_power_of_2(bs),
+            next_power_of_2(steps),
+            next_power_of_2(bs),
+            self.page_size,
+        )
+        indptr_cpu = chain_kv_indptr(forward_batch.seq_lens_cpu[:bs].to(torch.int64), steps).pin_memory()
+        self.kv_indptr[:, : bs + 1].copy_(indptr_cpu, non_blocking=True)
+        for i in range(steps - 1):
+            forward_batch.spec_info.kv_indptr = self.kv_indptr[i, : bs + 1]
+            forward_batch.spec_info.kv_indices = kv_indices_buffer[i][
+                : draft_kv_indices_used_len(seq_lens_sum, 1, bs, i + 1)
+            ]
+            flashinfer_backend.global_override_indptr_cpu = indptr_cpu[i]
+            try:
+                call_fn(i, forward_batch)
+            finally:
+                flashinfer_backend.global_override_indptr_cpu = None
+
+
+def _draft_backend(server_args, draft_runner, m: int):
+    """The multi-step attention backend SGLang's drafters use for m steps, FlashInfer's
+    planned from host lengths."""
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    backend = DraftBackendFactory(server_args, draft_runner, 1, m).create_decode_backend()
+    if type(backend) is FlashInferMultiStepDraftBackend:
+        backend.__class__ = HostPlannedFlashInfer  # adds no state: only common_template differs
+    return backend
+
+
 class DraftChains:
     """The greedy chains of lengths 2..K_max, captured as CUDA graphs when ``graphs``."""
 
     def __init__(self, server_args, draft_runner, k_max: int, graphs: bool):
-        from sglang.srt.speculative.draft_utils import DraftBackendFactory
-
         self.draft_runner = draft_runner
         self.req_to_token = draft_runner.req_to_token_pool.req_to_token  # [max_reqs, max_context] int32
         self.chains = {
-            m: _Chain(draft_runner, DraftBackendFactory(server_args, draft_runner, 1, m).create_decode_backend(), m)
+            m: _Chain(draft_runner, _draft_backend(server_args, draft_runner, m), m)
             for m in range(2, k_max + 1)
         }
         self.runners = self._capture() if graphs else {}

@@ -1,0 +1,71 @@
+"""The draft chain's host-side KV pointers (draft_chain.chain_kv_indptr) against the
+KV indices SGLang's own kernel lays out, run in Triton's CPU interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from faser_sglang.spec_worker.draft_chain import chain_kv_indptr
+
+# A graph replay's batch: three real rows padded to five, as EAGLEDraftCudaGraphRunner
+# pads them (seq_lens and seq_lens_cpu filled with 1, positions and pool rows with 0).
+STEPS = 4
+SEQ_LENS = [5, 3, 9, 1, 1]
+POSITIONS = [5, 3, 9, 0, 0]
+POOL_ROWS = [2, 0, 3, 0, 0]
+REAL_ROWS = 3
+POOL_LEN = 64
+WIDTH = 128
+
+_KERNEL = f"""
+import json, torch
+from sglang.srt.speculative.spec_utils import generate_draft_decode_kv_indices
+from sglang.srt.utils import next_power_of_2
+bs = {len(SEQ_LENS)}
+req_to_token = torch.arange(4 * {POOL_LEN}, dtype=torch.int32).view(4, {POOL_LEN})
+kv_indices = torch.full(({STEPS}, {WIDTH}), -1, dtype=torch.int32)
+kv_indptr = torch.zeros(({STEPS}, bs + 1), dtype=torch.int32)
+generate_draft_decode_kv_indices[({STEPS}, bs, 1)](
+    torch.tensor({POOL_ROWS}), req_to_token, torch.tensor({SEQ_LENS}), kv_indices, kv_indptr,
+    torch.tensor({POSITIONS}), {POOL_LEN}, {WIDTH}, bs + 1,
+    next_power_of_2(bs), next_power_of_2({STEPS}), next_power_of_2(bs), 1,
+)
+print(json.dumps({{"indptr": kv_indptr.tolist(), "indices": kv_indices.tolist()}}))
+"""
+
+
+def _sglang_kernel() -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's generate_draft_decode_kv_indices on the batch above: (kv_indptr
+    [STEPS, bs + 1], kv_indices [STEPS, WIDTH]). The interpreter must be chosen before
+    Triton compiles the kernel, hence a fresh process."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, "-c", _KERNEL], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return torch.tensor(got["indptr"]), torch.tensor(got["indices"])
+
+
+def test_chain_kv_indptr_worked_example():
+    assert chain_kv_indptr(torch.tensor([5, 3]), 2).tolist() == [[0, 6, 10], [0, 7, 12]]
+
+
+def test_host_pointers_match_sglang_kernel_and_its_index_layout():
+    kernel_indptr, indices = _sglang_kernel()
+    ours = chain_kv_indptr(torch.tensor(SEQ_LENS), STEPS)
+    # Real rows: the same pointers the kernel writes.
+    assert torch.equal(ours[:, : REAL_ROWS + 1], kernel_indptr[:, : REAL_ROWS + 1].to(torch.int32))
+    # Every row, padding included: our pointers frame exactly the indices the kernel laid
+    # out for that row (its pool row's first seq_len + i + 1 slots)...
+    req_to_token = torch.arange(4 * POOL_LEN, dtype=torch.int32).view(4, POOL_LEN)
+    for i in range(STEPS):
+        for z, (row, n) in enumerate(zip(POOL_ROWS, SEQ_LENS)):
+            framed = indices[i, ours[i, z] : ours[i, z + 1]]
+            assert torch.equal(framed, req_to_token[row, : n + i + 1].to(framed.dtype)), (i, z)
+    # ...which the kernel's own pointers for padding rows do not (it reads positions,
+    # 0 there): hence the host pointers are copied over the kernel's.
+    assert not torch.equal(ours[:, REAL_ROWS + 1 :], kernel_indptr[:, REAL_ROWS + 1 :].to(torch.int32))
