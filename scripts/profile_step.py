@@ -83,7 +83,7 @@ def profile_once(server: servers.Server, name: str, size: int, args: argparse.Na
                 "output_dir": str(args.out.resolve()),
                 "num_steps": args.steps,
                 "activities": args.activities,
-                "with_stack": False,
+                "with_stack": args.with_stack,
                 "record_shapes": False,
                 "profile_id": profile_id,
             },
@@ -141,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=4096)
     p.add_argument("--k-max", type=int, default=4)
     p.add_argument("--activities", nargs="+", default=["CPU", "GPU"], choices=["CPU", "GPU"])
+    p.add_argument(
+        "--with-stack", action="store_true", help="record Python stacks too (the trace names what called each op)"
+    )
     p.add_argument("--settle", type=float, default=1.0, help="seconds of decoding before the profile starts")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--server-args", default="")
