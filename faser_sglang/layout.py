@@ -21,7 +21,6 @@ from typing import Sequence
 
 import torch
 
-from faser_sglang.tensors import device_tensor
 
 
 @dataclass(frozen=True)
@@ -30,24 +29,23 @@ class RaggedLayout:
 
     Worked example, K_max = 2 and draft lengths k = [2, 0, 1]:
         verify_lens  = [3, 1, 2]                 (k_i + 1)
-        qo_indptr    = [0, 3, 4, 6]              (chunk starts in the flat token axis)
         flat tokens  = [a0 a1 a2 | b0 | c0 c1]   (a0, b0, c0 are bonus tokens)
         pad_index    = [[0, 1, 2],
                         [3, 3, 3],
                         [4, 5, 5]]               (flat row for padded [bs, K_max+1])
-        pad_mask     = [[1, 1, 1],
-                        [1, 0, 0],
-                        [1, 1, 0]]
-    Padded slots repeat the chunk's last row so gathers stay in bounds; pad_mask
-    says which slots are real.
+        flat_index   = [0, 1, 2, 3, 6, 7]        (padded slot, row-major, of each flat row)
+    Padded slots repeat the chunk's last row so gathers stay in bounds.
+
+    Every map is built on the host, where the lengths are, and reaches the device in
+    one non-blocking copy; moving between the layouts is a gather by index, never a
+    boolean mask, whose size the host would have to wait for.
     """
 
     draft_lens_cpu: tuple[int, ...]
     draft_lens: torch.Tensor  # [bs] int64
     verify_lens_cpu: tuple[int, ...]
-    qo_indptr: torch.Tensor  # [bs + 1] int64
     pad_index: torch.Tensor  # [bs, K_max + 1] int64, rows of the flat token axis
-    pad_mask: torch.Tensor  # [bs, K_max + 1] bool
+    flat_index: torch.Tensor  # [num_verify_tokens] int64, slots of the padded axis
     max_draft_len: int  # K_max
 
     @classmethod
@@ -58,22 +56,20 @@ class RaggedLayout:
         if any(k < 0 or k > max_draft_len for k in lens):
             raise ValueError(f"draft lengths {lens} outside [0, {max_draft_len}]")
         verify = tuple(k + 1 for k in lens)
-        bs = len(lens)
-        draft_lens_t = device_tensor(lens, device)
-        verify_t = draft_lens_t + 1
-        qo_indptr = torch.zeros(bs + 1, dtype=torch.int64, device=device)
-        torch.cumsum(verify_t, dim=0, out=qo_indptr[1:])
-        cols = torch.arange(max_draft_len + 1, dtype=torch.int64, device=device)  # [K+1]
-        pad_mask = cols.unsqueeze(0) < verify_t.unsqueeze(1)  # [bs, K+1]
-        offset = torch.minimum(cols.unsqueeze(0), (verify_t - 1).unsqueeze(1))  # [bs, K+1]
-        pad_index = qo_indptr[:-1].unsqueeze(1) + offset  # [bs, K+1]
+        bs, width = len(lens), max_draft_len + 1
+        verify_t = torch.tensor(verify, dtype=torch.int64)  # [bs]
+        cols = torch.arange(width, dtype=torch.int64)  # [K+1]
+        starts = torch.cumsum(verify_t, 0) - verify_t  # [bs] first flat row per request
+        pad_index = starts.unsqueeze(1) + torch.minimum(cols.unsqueeze(0), (verify_t - 1).unsqueeze(1))
+        flat_index = torch.tensor([i * width + j for i, n in enumerate(verify) for j in range(n)], dtype=torch.int64)
+        packed = torch.cat([verify_t - 1, pad_index.reshape(-1), flat_index]).to(device, non_blocking=True)
+        draft_lens_t, pad_flat, flat_t = packed.split([bs, bs * width, flat_index.numel()])
         return cls(
             draft_lens_cpu=lens,
             draft_lens=draft_lens_t,
             verify_lens_cpu=verify,
-            qo_indptr=qo_indptr,
-            pad_index=pad_index,
-            pad_mask=pad_mask,
+            pad_index=pad_flat.view(bs, width),
+            flat_index=flat_t,
             max_draft_len=max_draft_len,
         )
 
@@ -91,7 +87,7 @@ class RaggedLayout:
 
     def to_flat(self, padded: torch.Tensor) -> torch.Tensor:
         """[bs, K_max + 1, ...] -> [num_verify_tokens, ...] (drops padded slots)."""
-        return padded[self.pad_mask]
+        return padded.flatten(0, 1).index_select(0, self.flat_index)
 
     def verify_positions(self, seq_lens: torch.Tensor) -> torch.Tensor:
         """Absolute positions of the flat verify tokens: seq_len_i + 0..k_i. [N] int64.

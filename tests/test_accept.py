@@ -4,6 +4,7 @@ import torch
 
 from faser_sglang.spec_worker.accept import accept, accept_greedy, accept_sampled
 from faser_sglang.spec_worker.sampling import SamplingRows
+from host_reads import host_reads
 
 V = 8
 
@@ -25,7 +26,7 @@ def rows(bs: int, *, greedy: list[bool], temperature: float = 1.0, top_k: int = 
         min_ps=torch.zeros(bs),
         greedy=g,
         logit_bias=None,
-        all_greedy=bool(g.all()),
+        greedy_cpu=tuple(greedy),
     )
 
 
@@ -74,6 +75,17 @@ def test_mixed_batch_routes_greedy_and_sampled_rows():
     assert res.accept_lens.tolist() == [2, 3]
     assert res.tokens[0, :2].tolist() == [1, 2]
     assert res.tokens[1, :3].tolist() == [4, 5, 6]
+
+
+def test_mixed_batch_accepts_without_reading_the_device_back():
+    """Which rows sample is known on the host: no op whose size or value the host must
+    read back (on a GPU, a wait for all queued work)."""
+    logits = one_hot_logits([[1, 2, 3], [4, 5, 6], [7, 1, 2]]) * 10
+    q = torch.full((3, 2, V), 1.0 / V)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        accept(logits, torch.tensor([[1, 7], [4, 5], [7, 1]]), q, torch.tensor([2, 2, 1]),
+               rows(3, greedy=[False, True, False]), torch.Generator().manual_seed(0))  # fmt: skip
+    assert not host_reads(prof.events())
 
 
 def test_sampled_k_max_all_accepted_when_draft_equals_target():

@@ -73,7 +73,7 @@ def test_sampling_probs_matches_top_k_top_p_min_p():
         min_ps=torch.tensor([0.0, 0.0, 0.5]),
         greedy=torch.zeros(3, dtype=torch.bool),
         logit_bias=None,
-        all_greedy=False,
+        greedy_cpu=(False, False, False),
     )
     probs = sampling_probs(logits, rows)
     assert torch.allclose(probs[0], torch.tensor([0.35, 0.25, 0, 0, 0, 0]) / 0.60, atol=1e-6)
@@ -84,7 +84,7 @@ def test_sampling_probs_matches_top_k_top_p_min_p():
 def test_temperature_sharpens():
     logits = torch.log(P).unsqueeze(0)
     cold = SamplingRows(torch.tensor([0.5]), torch.tensor([V]), torch.ones(1), torch.zeros(1),
-                        torch.zeros(1, dtype=torch.bool), None, False)
+                        torch.zeros(1, dtype=torch.bool), None, (False,))
     expected = P**2 / (P**2).sum()
     assert torch.allclose(sampling_probs(logits, cold)[0], expected, atol=1e-6)
 
@@ -113,7 +113,7 @@ def test_top_p_after_top_k_matches_the_flashinfer_backend_with_min_p():
     top_k 2 and top_p 0.6 keeps {0, 1} jointly but {0} in sequence."""
     probs = torch.tensor([[0.5, 0.3, 0.2, 0.0, 0.0, 0.0]]).clamp(min=1e-12)
     rows = SamplingRows(torch.ones(1), torch.tensor([2]), torch.tensor([0.6]), torch.zeros(1),
-                        torch.zeros(1, dtype=torch.bool), None, False)  # fmt: skip
+                        torch.zeros(1, dtype=torch.bool), None, (False,))  # fmt: skip
     joint = sampling_probs(torch.log(probs), rows)[0]
     sequential = sampling_probs(torch.log(probs), SamplingRows(**{**rows.__dict__, "top_p_after_top_k": True}))[0]
     assert torch.count_nonzero(joint) == 2 and torch.count_nonzero(sequential) == 1
@@ -123,6 +123,6 @@ def test_top_p_after_top_k_matches_the_flashinfer_backend_with_min_p():
         k = int(torch.randint(1, 41, (1,), generator=g))
         p, min_p = float(torch.rand(1, generator=g)) * 0.9 + 0.05, float(torch.rand(1, generator=g)) * 0.3
         rows = SamplingRows(torch.ones(1), torch.tensor([k]), torch.tensor([p]), torch.tensor([min_p]),
-                            torch.zeros(1, dtype=torch.bool), None, False, top_p_after_top_k=True)  # fmt: skip
+                            torch.zeros(1, dtype=torch.bool), None, (False,), top_p_after_top_k=True)  # fmt: skip
         expected = _flashinfer_sequential(torch.softmax(logits[0], -1), k, p, min_p)
         assert torch.allclose(sampling_probs(logits, rows)[0], expected, atol=1e-5)

@@ -38,7 +38,7 @@ def _sampling(bs: int) -> SamplingRows:
         min_ps=torch.zeros(bs),
         greedy=top_ks <= 1,
         logit_bias=None,
-        all_greedy=False,
+        greedy_cpu=tuple(bool(x) for x in top_ks <= 1),
     )
 
 

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from faser_sglang.spec_worker.sampling import SamplingRows, greedy_tokens, sampling_probs
+from faser_sglang.tensors import device_tensor
 
 
 @dataclass(frozen=True)
@@ -102,14 +103,15 @@ def accept(
     """Accept a batch that mixes greedy and sampled requests, each by its own rule."""
     bs, kp1, vocab = target_logits.shape
     flat = target_logits.reshape(bs * kp1, vocab)
-    argmax = greedy_tokens(flat, sampling.select(_per_slot(bs, kp1, flat.device)))
+    argmax = greedy_tokens(flat, sampling.per_slot(kp1))
     greedy = accept_greedy(argmax.view(bs, kp1), draft_tokens, draft_lens)
     if sampling.all_greedy:
         return greedy
-    sampled_rows = torch.nonzero(~sampling.greedy).squeeze(1)  # [m]
-    rows = sampling.select(sampled_rows)
-    m = sampled_rows.shape[0]
-    per_slot = rows.select(_per_slot(m, kp1, target_logits.device))
+    sampled_cpu = sampling.sampled_rows()
+    sampled_rows = device_tensor(sampled_cpu, target_logits.device)  # [m]
+    rows = sampling.select(sampled_cpu, sampled_rows)
+    m = len(sampled_cpu)
+    per_slot = rows.per_slot(kp1)
     p = sampling_probs(target_logits[sampled_rows].reshape(m * kp1, vocab), per_slot)
     sampled = accept_sampled(
         p.view(m, kp1, vocab),
@@ -123,8 +125,3 @@ def accept(
     tokens[sampled_rows] = sampled.tokens
     accept_lens[sampled_rows] = sampled.accept_lens
     return AcceptResult(tokens=tokens, accept_lens=accept_lens)
-
-
-def _per_slot(rows: int, slots: int, device: torch.device) -> torch.Tensor:
-    """Row index of each flattened [rows, slots] slot: [0,0,..,1,1,..]. [rows * slots]."""
-    return torch.arange(rows, device=device).repeat_interleave(slots)

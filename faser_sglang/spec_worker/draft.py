@@ -97,7 +97,7 @@ class DraftPhase:
         with annotate("draft.catchup"):
             logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [len(active), V]
         active_t = device_tensor(active, device)
-        rows_sampling = sampling.select(active_t)
+        rows_sampling = sampling.select(active, active_t)
         m = max(k[i] for i in active)
         chained = m > 1 and self._chains_serve(rows_sampling.all_greedy, rows_sampling.logit_bias)
         if chained:
@@ -136,7 +136,7 @@ class DraftPhase:
         rows = active
         for step in range(max(k[i] for i in active)):
             rows_t = device_tensor(rows, device)
-            picked = self._pick(logits, sampling.select(rows_t), generator)
+            picked = self._pick(logits, sampling.select(rows, rows_t), generator)
             tokens[rows_t, step] = picked.tokens
             if probs is not None and picked.probs is not None:
                 probs[rows_t, step] = picked.probs

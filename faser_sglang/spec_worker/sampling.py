@@ -16,14 +16,19 @@ top-p both judge the original distribution.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
+
+from faser_sglang.tensors import device_tensor
 
 
 @dataclass(frozen=True)
 class SamplingRows:
-    """Sampling parameters, one row per request (or per flat token after expand)."""
+    """Sampling parameters, one row per request (or per flat token after expand).
+
+    Which rows are greedy is also kept on the host (``greedy_cpu``), so that choosing
+    rows by rule never reads a device tensor back (on a GPU, a wait for all queued work)."""
 
     temperatures: torch.Tensor  # [n] float32, > 0
     top_ks: torch.Tensor  # [n] int64
@@ -31,13 +36,14 @@ class SamplingRows:
     min_ps: torch.Tensor  # [n] float32
     greedy: torch.Tensor  # [n] bool
     logit_bias: Optional[torch.Tensor]  # [n, V] float32 or None
-    all_greedy: bool
+    greedy_cpu: tuple[bool, ...]  # [n] the same as ``greedy``
     top_p_after_top_k: bool = False  # top-p judges the top-k-renormalised distribution
 
     @classmethod
-    def from_sampling_info(cls, info, sampling_backend: str) -> "SamplingRows":
-        """From SGLang's ``SamplingBatchInfo`` (temperatures is [bs, 1] there) and the
-        server's ``--sampling-backend``."""
+    def from_sampling_info(cls, info, sampling_backend: str, reqs: Sequence) -> "SamplingRows":
+        """From SGLang's ``SamplingBatchInfo`` (temperatures is [bs, 1] there), the
+        batch's requests in the same order, and the server's ``--sampling-backend``.
+        Greedy is top_k <= 1, as SGLang decides it (``is_all_greedy``)."""
         top_ks = info.top_ks.to(torch.int64)
         return cls(
             temperatures=info.temperatures.view(-1).to(torch.float32),
@@ -46,21 +52,41 @@ class SamplingRows:
             min_ps=info.min_ps.to(torch.float32),
             greedy=top_ks <= 1,
             logit_bias=info.logit_bias,
-            all_greedy=bool(info.is_all_greedy),
+            greedy_cpu=tuple(r.sampling_params.top_k <= 1 for r in reqs),
             top_p_after_top_k=sampling_backend == "flashinfer" and bool(info.need_min_p_sampling),
         )
 
-    def select(self, rows: torch.Tensor) -> "SamplingRows":
-        """Rows picked by an index tensor (a subset of requests, or one row per token)."""
-        greedy = self.greedy[rows]
+    @property
+    def all_greedy(self) -> bool:
+        return all(self.greedy_cpu)
+
+    def sampled_rows(self) -> list[int]:
+        """Indices of the rows that sample (not greedy)."""
+        return [i for i, g in enumerate(self.greedy_cpu) if not g]
+
+    def select(self, rows: Sequence[int], rows_t: Optional[torch.Tensor] = None) -> "SamplingRows":
+        """A subset of rows, by host index; ``rows_t``: the same indices on the device,
+        where the caller has them already."""
+        if rows_t is None:
+            rows_t = device_tensor(rows, self.greedy.device)
+        return self._take(rows_t, tuple(self.greedy_cpu[r] for r in rows))
+
+    def per_slot(self, slots: int) -> "SamplingRows":
+        """Every row repeated ``slots`` times (one row per verify slot)."""
+        return self._take(
+            torch.arange(len(self.greedy_cpu), device=self.greedy.device).repeat_interleave(slots),
+            tuple(g for g in self.greedy_cpu for _ in range(slots)),
+        )
+
+    def _take(self, rows: torch.Tensor, greedy_cpu: tuple[bool, ...]) -> "SamplingRows":
         return SamplingRows(
             temperatures=self.temperatures[rows],
             top_ks=self.top_ks[rows],
             top_ps=self.top_ps[rows],
             min_ps=self.min_ps[rows],
-            greedy=greedy,
+            greedy=self.greedy[rows],
             logit_bias=None if self.logit_bias is None else self.logit_bias[rows],
-            all_greedy=self.all_greedy or bool(greedy.all()),
+            greedy_cpu=greedy_cpu,
             top_p_after_top_k=self.top_p_after_top_k,
         )
 

@@ -203,7 +203,7 @@ class FaserWorker(BaseSpecWorker):
             ranges.begin("plain")
             return self._plain_step(batch, rids, seq_lens, draft_kv_lens, bonus, started, clock, on_publish)
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
-        sampling = SamplingRows.from_sampling_info(batch.sampling_info, self.server_args.sampling_backend)
+        sampling = SamplingRows.from_sampling_info(batch.sampling_info, self.server_args.sampling_backend, batch.reqs)
         clock.mark("policy")
 
         ranges.begin("draft")
