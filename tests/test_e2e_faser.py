@@ -233,9 +233,9 @@ def test_self_draft_accepts_every_token_after_plain_decode_steps(
     (float32: no near-ties at this size). Lossless alone cannot show this: a wrong
     catch-up costs acceptance, not output. With two decode rows per forward
     (--max-running-requests 2) catch-ups run in pieces of two tokens. The draft steps
-    after the catch-up run as one chain (draft_chain.py: eager on CPU), or one forward
-    per step with draft_chain off; rows with shorter lengths ride the chain to the
-    longest."""
+    run as one chain (draft_chain.py: eager on CPU), which feeds the catch-up itself
+    when no row lags more than MAX_FORCED_GAP tokens, or one forward per step with
+    draft_chain off; rows with shorter lengths ride the chain to the longest."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(
         tmp_path / "faser.json",
@@ -257,8 +257,15 @@ def test_self_draft_accepts_every_token_after_plain_decode_steps(
     how = Counter(s["draft_steps"] for s in steps if "draft_steps" in s)
     if chain:
         assert how["chain"] > 0 and how["graph"] == 0
+        chains = [s for s in steps if s.get("draft_steps") == "chain"]
         # Mixed lengths in one chain: some row stopped short of the step's longest.
-        assert any(len({k for k in s["draft_lens"] if k}) > 1 for s in steps if s.get("draft_steps") == "chain")
+        assert any(len({k for k in s["draft_lens"] if k}) > 1 for s in chains)
+        # Chains that fed the catch-up themselves, one with rows lagging 0 and 1 tokens
+        # (a row stopped short of the longest keeps its KV through its last draft), and
+        # chains after a catch-up of their own (after plain decodes).
+        fed = [s for s in chains if s["catchup_forwards"] == 0]
+        assert any(set(catchup_gaps([s])) == {0, 1} for s in fed)
+        assert any(s["catchup_forwards"] > 0 for s in chains)
     else:
         assert how["chain"] == 0 and how["loop"] > 0
 

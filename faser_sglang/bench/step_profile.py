@@ -5,8 +5,9 @@ worker opens named ranges in it (``faser_sglang.metrics.annotate``): one per ste
 ``faser.decode bs=N`` or ``faser.prefill bs=N``, and inside a decode step one per
 phase, in order: ``settle`` (the previous step's acceptance read back), ``policy``
 (lengths, layout), then either ``plain`` (nobody drafts: a plain decode) or ``draft``
-(with ``draft.catchup`` and then ``draft.chain``, ``draft.loop`` or, when no request
-drafts past its first token, ``draft.first`` inside it), ``verify`` and ``accept``.
+(inside it ``draft.chain`` alone when the chain fed the catch-up, else ``draft.catchup``
+and then ``draft.chain``, ``draft.loop`` or, when no request drafts past its first
+token, ``draft.first``), ``verify`` and ``accept``.
 On SGLang's synchronous loop a step settles its own acceptance at its end: a second
 ``settle`` range (then ``accept`` again), whose figures add to the first's.
 
@@ -26,8 +27,8 @@ Per phase of a step:
 Beside them, the phase's outermost operators that took the most time. Per step: ``period_ms`` from its start to the next step's start (the scheduler's own
 work between steps included; the last step of a trace has none), and the device's
 busy time in that period (the union of every kernel, copy and memset on any stream).
-Steps are grouped by kind (``prefill``, ``plain``, ``drafting/chain``,
-``drafting/loop``, ``drafting/one`` when no request drafted past its first token, and
+Steps are grouped by kind (``prefill``, ``plain``, ``drafting/chain`` (one chain fed
+the catch-up), ``drafting/catchup+chain``, ``drafting/loop``, ``drafting/one`` when no request drafted past its first token, and
 ``verify/no-drafts`` for a step that took the verify path without drafts: logprobs
 were asked for) and batch size; every figure is the median over a group's steps. Each
 thread's last step is left out: the profiler stops while its device work may still run.
@@ -313,7 +314,7 @@ def _kind(step: str, phases: dict[str, Any]) -> str:
     if "plain" in phases:
         return "plain"
     if "draft.chain" in phases:
-        return "drafting/chain"
+        return "drafting/catchup+chain" if "draft.catchup" in phases else "drafting/chain"
     if "draft.loop" in phases:
         return "drafting/loop"
     if "draft.first" in phases:

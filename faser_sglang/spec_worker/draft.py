@@ -1,21 +1,27 @@
 """Draft phase: propose k_i tokens for every request with a separate draft model.
 
-Only requests with k_i > 0 run. A catch-up (chunk_forward.py: one EXTEND forward, or
-decode rows, up to MAX_CATCHUP_PIECES forwards of them) feeds each such request the
-committed tokens its draft KV is missing plus its bonus token; its last logits give
-draft 1. Then DECODE forwards add one draft per step up to m = max(k_i):
-  - greedy steps run them as one chain (draft_chain.py: one multi-step attention plan
-    and, where decode CUDA graphs run, one graph replay), every drafting row to m;
-  - sampled steps (and logit-biased ones) run one forward per step, each over only the
-    requests that still want more, and keep each draft's distribution q for rejection
-    sampling.
+Only requests with k_i > 0 run. Each one's draft KV may lag its committed length L_i
+by g_i tokens (it accepted every draft last step, or did not draft), and its bonus
+token at position L_i has no draft KV yet; drafting feeds those first. m = max(k_i).
 
-Worked example, K_max = 3, seq_lens L = [10, 7], draft_kv_lens s = [9, 7], k = [3, 1]:
-  catch-up: row 0 feeds positions 9..10 (committed token 9, bonus at 10),
-            row 1 feeds position 7 (bonus)                -> d1 for both
-  decode 1: row 0 feeds d1 at position 11                 -> d2
-  decode 2: row 0 feeds d2 at position 12                 -> d3
-  new draft_kv_lens = [L0 + 3, L1 + 1] = [13, 8] (valid until verify trims them)
+- Greedy steps with m > 1 run as one chain (draft_chain.py: one multi-step attention
+  plan and, where decode CUDA graphs run, one graph replay), every drafting row to m.
+  When every g_i <= MAX_FORCED_GAP the chain itself feeds the missing tokens and the
+  bonus token before drafting: the step's whole draft phase is one replay. Otherwise a
+  catch-up (below) gives d1 and the chain drafts d2..d_m.
+- Otherwise a catch-up (chunk_forward.py: one EXTEND forward, or decode rows, up to
+  MAX_CATCHUP_PIECES forwards of them) feeds the missing committed tokens plus the
+  bonus token and its last logits give d1; then one DECODE forward per draft step,
+  each over only the requests that still want more, keeping each draft's distribution
+  q for rejection sampling when the step samples.
+
+Worked example, K_max = 3, seq_lens L = [10, 7], draft_kv_lens s = [9, 7], k = [3, 1],
+greedy (gaps g = [1, 0]): one chain of max(g) + m = 4 forwards,
+  row 0 feeds 9 (committed), 10 (bonus), d1 at 11, d2 at 12  -> argmaxes 1..3 = d1..d3
+  row 1 feeds 7 (bonus), d1 at 8, d2 at 9, d3 at 10          -> argmax 0 = d1
+  new draft_kv_lens = [L0 + 3, L1 + 3] = [13, 10] (valid until verify trims them)
+Sampled, the same rows run a catch-up (row 0 feeds 9..10, row 1 feeds 7 -> d1 for
+both), then row 0 alone d1 at 11 -> d2 and d2 at 12 -> d3: [L0 + 3, L1 + 1] = [13, 8].
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from faser_sglang.layout import RaggedLayout
 from faser_sglang.metrics import annotate
 from faser_sglang.spec_worker.batch_views import RowSelection, decode_forward_batch
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
-from faser_sglang.spec_worker.draft_chain import DraftChains
+from faser_sglang.spec_worker.draft_chain import MAX_FORCED_GAP, DraftChains
 from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES
 from faser_sglang.spec_worker.sampling import SamplingRows, greedy_tokens, sampling_probs
 from faser_sglang.spec_worker.token_history import TokenHistory
@@ -42,7 +48,7 @@ class DraftOutput:
     tokens: torch.Tensor  # [bs, K_max] int64, zero past each row's k_i
     probs: Optional[torch.Tensor]  # [bs, K_max, V] float32 q of each draft; None if all greedy
     draft_kv_lens: list[int]  # [bs] draft KV fill after this phase
-    catchup_forwards: int  # forwards the catch-up ran (0: nobody drafted)
+    catchup_forwards: int  # forwards of a catch-up of its own (0: none; a chain fed it, or nobody drafted)
     # How the steps after the catch-up ran: "none" (no row drafts past d1), "loop" (one
     # forward each), "chain" (one multi-step plan, eager forwards) or "graph" (one CUDA
     # graph replay); draft_chain.py.
@@ -94,29 +100,63 @@ class DraftPhase:
         if not active:
             return DraftOutput(tokens, probs, new_kv_lens, 0)
 
-        with annotate("draft.catchup"):
-            logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [len(active), V]
         active_t = device_tensor(active, device)
         rows_sampling = sampling.select(active, active_t)
         m = max(k[i] for i in active)
         chained = m > 1 and self._chains_serve(rows_sampling.all_greedy, rows_sampling.logit_bias)
-        if chained:
+        gaps = [seq_lens[i] - draft_kv_lens[i] for i in active]  # committed tokens each row's draft KV lacks
+        forwards = 0
+        if chained and max(gaps) <= MAX_FORCED_GAP:
             with annotate("draft.chain"):
-                first = greedy_tokens(logits, rows_sampling)  # [n] d1
-                chain = self.chains.run(
-                    batch.req_pool_indices[active_t], [seq_lens[i] for i in active], first, m
-                )  # [n, m]
-                past_len = torch.arange(m, device=device).unsqueeze(0) >= layout.draft_lens[active_t].unsqueeze(1)
-                tokens[active_t, :m] = chain.masked_fill(past_len, 0)
+                chain = self._chain_from_committed(batch, active, active_t, seq_lens, gaps, history, m)  # [n, m]
         else:
-            with annotate("draft.loop" if m > 1 else "draft.first"):
-                self._loop(batch, layout, active, seq_lens, logits, sampling, generator, tokens, probs)
+            with annotate("draft.catchup"):
+                logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [n, V]
+            if chained:
+                with annotate("draft.chain"):
+                    first = greedy_tokens(logits, rows_sampling)  # [n] d1
+                    after = self.chains.run(
+                        batch.req_pool_indices[active_t], [seq_lens[i] + 1 for i in active], [0] * len(active),
+                        first.unsqueeze(1), m - 1,
+                    )  # [n, m - 1] d2..d_m
+                    chain = torch.cat([first.unsqueeze(1), after], dim=1)
+            else:
+                with annotate("draft.loop" if m > 1 else "draft.first"):
+                    self._loop(batch, layout, active, seq_lens, logits, sampling, generator, tokens, probs)
+        if chained:
+            past_len = torch.arange(m, device=device).unsqueeze(0) >= layout.draft_lens[active_t].unsqueeze(1)
+            tokens[active_t, :m] = chain.masked_fill(past_len, 0)
         for i in active:
-            new_kv_lens[i] = seq_lens[i] + k[i]
+            # A chain feeds every row through position L + m - 1 (draft_chain.py), a loop
+            # row through L + k_i - 1; verify trims either to what it accepts (state.py).
+            new_kv_lens[i] = seq_lens[i] + (m if chained else k[i])
         steps = "none" if m == 1 else "loop"
         if chained:
             steps = "graph" if self.chains.graphed(len(active)) else "chain"
         return DraftOutput(tokens, probs, new_kv_lens, forwards, steps)
+
+    def _chain_from_committed(
+        self,
+        batch: ScheduleBatch,
+        active: list[int],
+        active_t: torch.Tensor,  # [n] the same rows on the device
+        seq_lens: list[int],
+        gaps: list[int],  # [n] committed tokens each row's draft KV lacks, <= MAX_FORCED_GAP
+        history: TokenHistory,
+        m: int,
+    ) -> torch.Tensor:
+        """[n, m] greedy drafts d1..d_m from one chain that first feeds each row its
+        missing committed tokens and its bonus token (positions L - g .. L)."""
+        widest = max(gaps)
+        rows = [batch.reqs[i].req_pool_idx for i in active]
+        # Row r's forced inputs: positions L_r - g_r .. L_r, then (unread) repeats of L_r.
+        positions = [seq_lens[i] - g + min(j, g) for i, g in zip(active, gaps) for j in range(widest + 1)]
+        forced = history.gather([r for r in rows for _ in range(widest + 1)], positions).view(len(active), widest + 1)
+        out = self.chains.run(
+            batch.req_pool_indices[active_t], [seq_lens[i] - g for i, g in zip(active, gaps)], gaps, forced, widest + m
+        )  # [n, widest + m]: row r's d1 is its argmax g_r
+        first = device_tensor(gaps, out.device).unsqueeze(1) + torch.arange(m, device=out.device)  # [n, m]
+        return out.gather(1, first)
 
     def _loop(
         self,

@@ -1,32 +1,40 @@
-"""A greedy step's draft decode steps after the catch-up, run as one chain.
+"""A greedy step's draft forwards, run as one chain.
 
-Run one forward at a time (draft.py), every draft decode step builds a ForwardBatch,
-plans attention and replays the draft's decode graph: about 1.3 ms of host time per
-step on an H200, more than a small draft's GPU time at small batches. A greedy chain
-needs no host decision between steps (the next input is the argmax of the last
-logits), so the m - 1 steps after the catch-up run as one unit, the way SGLang's EAGLE
-and STANDALONE drafters run theirs: one multi-step attention backend (an attention
-backend per step, all planned before the first step) and, where decode CUDA graphs
-run, one replay of a graph SGLang's ``EAGLEDraftCudaGraphRunner`` captured around
+Run one forward at a time (draft.py), every draft forward builds a ForwardBatch, plans
+attention and replays the draft's decode graph: 2-4 ms of host time per forward on an
+H200, more than a small draft's GPU time at small batches. A greedy chain needs no
+host decision between forwards (the next input is the argmax of the last logits, or a
+token known in advance), so the forwards run as one unit, the way SGLang's EAGLE and
+STANDALONE drafters run theirs: one multi-step attention backend (an attention backend
+per forward, all planned before the first) and, where decode CUDA graphs run, one
+replay of a graph SGLang's ``EAGLEDraftCudaGraphRunner`` captured around
 ``_Chain.draft_forward``. Batches larger than the captured sizes, and devices without
-CUDA graphs, run the same ``draft_forward`` eagerly after one multi-step plan. There
-is one chain per length m in 2..K_max, each with its own attention backend.
+CUDA graphs, run the same ``draft_forward`` eagerly after one multi-step plan. There is
+one chain per number of forwards M in 1..K_max + MAX_FORCED_GAP, each with its own
+attention backend.
 
-Inputs per drafting row r (committed length L_r; after the catch-up the draft KV holds
-positions 0..L_r, the bonus token included):
-    seq_lens = positions = L_r + 1, topk_index = d1 (the catch-up's argmax),
-    out_cache_loc = the KV slots of positions L_r + 1 .. L_r + m (row-major [n, m]).
-Step j (0-based) feeds d_{j+1} at position L_r + 1 + j, attends over L_r + 2 + j
-tokens and yields d_{j+2}. The chain returns [n, m] tokens d1..d_m.
+A chain row r starts at position s_r, the first position its draft KV lacks, and is
+fed g_r + 1 *forced* tokens known in advance (g_r <= MAX_FORCED_GAP) before its own
+argmaxes take over:
+    seq_lens = positions = s_r, out_cache_loc = the KV slots of positions s_r .. s_r + M,
+    forward j feeds forced[r, j] if j <= g_r, else the argmax of forward j - 1, at
+    position s_r + j, attends over s_r + j + 1 tokens and predicts position s_r + j + 1.
+The chain returns the [n, M] argmaxes. Two ways draft.py uses it:
+  - from the committed tokens (every drafting row lags its committed length L_r by
+    g_r <= MAX_FORCED_GAP tokens): s_r = L_r - g_r, forced = the g_r committed tokens
+    and the bonus token, M = max g + m; row r's drafts d1..d_m are argmaxes
+    g_r .. g_r + m - 1. The catch-up is the chain's first forwards: no forward of its own.
+  - after a catch-up forward that gave d1: s_r = L_r + 1, forced = d1, M = m - 1.
 
-Every row runs to m = max k_r. A row with k_r < m drafts past its length: its tokens
-after k_r are dropped, and the draft KV it wrote past position L_r + k_r is never
-counted valid (state.py). Those writes stay inside the slots SGLang reserves per
-request for a step (2 * (K_max + 1) past the committed length, ``alloc_for_spec_decode``).
+Every row runs all M forwards. A row that drafts less than m, or lags less than the
+most lagging row, drafts past its length: those tokens are dropped, and the draft KV
+it wrote past position L_r + m - 1 is never counted valid (state.py). The writes stay
+inside the slots SGLang reserves per request for a step (2 * (K_max + 1) past the
+committed length, ``alloc_for_spec_decode``): at most L_r + MAX_FORCED_GAP + K_max - 1.
 
-On FlashInfer the chain plans its steps from host lengths (``HostPlannedFlashInfer``):
-SGLang's multi-step plan reads the step KV pointers back from the device, which would
-hold the host until the catch-up forward before it has finished.
+On FlashInfer the chain plans its forwards from host lengths (``HostPlannedFlashInfer``):
+SGLang's multi-step plan reads the KV pointers back from the device, which would hold
+the host until the work queued before the chain has finished.
 """
 
 from __future__ import annotations
@@ -43,42 +51,55 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.speculative.spec_utils import draft_kv_indices_used_len
-from sglang.srt.utils import next_power_of_2
+from sglang.srt.utils import get_cuda_graph_max_batch_size, next_power_of_2
 
 logger = logging.getLogger(__name__)
 
 
+# Committed tokens a drafting row may lag and still start its chain from them: 0 after
+# a step that rejected a draft, 1 after one that accepted all of the step's longest.
+MAX_FORCED_GAP = 1
+
+
 class _Chain:
-    """m - 1 greedy decode steps of the draft, in the shape of the drafter
+    """M greedy forwards of the draft, in the shape of the drafter
     ``EAGLEDraftCudaGraphRunner`` captures: it reads ``draft_runner``,
-    ``speculative_num_steps`` and the DSA fields, calls ``draft_forward`` once per
-    captured batch size, and subtracts m - 1 from the positions afterwards
-    (``draft_forward`` adds one per step)."""
+    ``speculative_num_steps`` (M + 1: the runner's S steps are S - 1 forwards) and the
+    DSA fields, calls ``draft_forward`` once per captured batch size, and subtracts M
+    from the positions afterwards (``draft_forward`` adds one per forward). The forced
+    tokens and gaps come from the chains' shared device buffers, which a graph reads
+    at its captured addresses."""
 
     dsa_index_topk = None
     seed_dsa_topk_from_draft_extend = False
 
-    def __init__(self, draft_runner, attn_backend, m: int):
+    def __init__(self, draft_runner, attn_backend, forwards: int, forced: torch.Tensor, gaps: torch.Tensor):
         self.draft_runner = draft_runner
         self.draft_attn_backend = attn_backend
-        self.speculative_num_steps = m
+        self.forwards = forwards
+        self.speculative_num_steps = forwards + 1
+        self.forced = forced  # [rows, MAX_FORCED_GAP + 1] int64
+        self.gaps = gaps  # [rows] int64
 
     def draft_forward(self, fb: ForwardBatch):
-        m = self.speculative_num_steps
-        token = fb.spec_info.topk_index[:, 0]  # [bs] d1
-        locs = fb.out_cache_loc.view(fb.batch_size, m)  # [bs, m]
+        bs = fb.batch_size
+        forced, gaps = self.forced[:bs], self.gaps[:bs]  # [bs, G + 1], [bs]
+        locs = fb.out_cache_loc.view(bs, self.speculative_num_steps)  # [bs, M + 1]
         fb.capture_hidden_mode = CaptureHiddenMode.NULL
-        chain = [token]
-        for step in range(m - 1):
+        token = forced[:, 0]
+        out = []
+        for step in range(self.forwards):
             fb.input_ids = token
             fb.out_cache_loc = locs[:, step].contiguous()
             with forward_context(ForwardContext(attn_backend=self.draft_attn_backend.attn_backends[step])):
                 logits = self.draft_runner.forward(fb).logits_output.next_token_logits  # [bs, V]
             token = torch.argmax(logits, dim=-1)
+            out.append(token)
             fb.positions.add_(1)
-            chain.append(token)
+            if step + 1 < forced.shape[1]:  # rows still fed their known tokens
+                token = torch.where(gaps > step, forced[:, step + 1], token)
         # The graph runner's output convention: (parents, scores, tokens, draft probs).
-        return None, None, torch.stack(chain, dim=1), None
+        return None, None, torch.stack(out, dim=1), None
 
 
 def chain_kv_indptr(seq_lens: torch.Tensor, steps: int) -> torch.Tensor:
@@ -149,26 +170,32 @@ class HostPlannedFlashInfer(FlashInferMultiStepDraftBackend):
                 flashinfer_backend.global_override_indptr_cpu = None
 
 
-def _draft_backend(server_args, draft_runner, m: int):
-    """The multi-step attention backend SGLang's drafters use for m steps, FlashInfer's
-    planned from host lengths."""
+def _draft_backend(server_args, draft_runner, steps: int):
+    """The multi-step attention backend SGLang's drafters use for ``steps`` steps
+    (steps - 1 forwards), FlashInfer's planned from host lengths."""
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
-    backend = DraftBackendFactory(server_args, draft_runner, 1, m).create_decode_backend()
+    backend = DraftBackendFactory(server_args, draft_runner, 1, steps).create_decode_backend()
     if type(backend) is FlashInferMultiStepDraftBackend:
         backend.__class__ = HostPlannedFlashInfer  # adds no state: only common_template differs
     return backend
 
 
 class DraftChains:
-    """The greedy chains of lengths 2..K_max, captured as CUDA graphs when ``graphs``."""
+    """The greedy chains of 1..K_max + MAX_FORCED_GAP forwards, captured as CUDA graphs
+    when ``graphs``."""
 
     def __init__(self, server_args, draft_runner, k_max: int, graphs: bool):
         self.draft_runner = draft_runner
         self.req_to_token = draft_runner.req_to_token_pool.req_to_token  # [max_reqs, max_context] int32
+        # Every running request has a pool row; graphs are captured up to the size
+        # SGLang's multi-step backends size their buffers for.
+        rows = get_cuda_graph_max_batch_size(server_args, draft_runner.req_to_token_pool.size)
+        self.forced = torch.zeros((rows, MAX_FORCED_GAP + 1), dtype=torch.int64, device=draft_runner.device)
+        self.gaps = torch.zeros(rows, dtype=torch.int64, device=draft_runner.device)
         self.chains = {
-            m: _Chain(draft_runner, _draft_backend(server_args, draft_runner, m), m)
-            for m in range(2, k_max + 1)
+            m: _Chain(draft_runner, _draft_backend(server_args, draft_runner, m + 1), m, self.forced, self.gaps)
+            for m in range(1, k_max + MAX_FORCED_GAP + 1)
         }
         self.runners = self._capture() if graphs else {}
         self.graph_rows = min((r.max_bs for r in self.runners.values()), default=0)
@@ -179,7 +206,7 @@ class DraftChains:
         with _without_decode_graphs(self.draft_runner):
             return {
                 m: EAGLEDraftCudaGraphRunner(
-                    chain, draft_attn_backend=chain.draft_attn_backend, speculative_num_steps=m
+                    chain, draft_attn_backend=chain.draft_attn_backend, speculative_num_steps=chain.speculative_num_steps
                 )
                 for m, chain in self.chains.items()
             }
@@ -191,16 +218,19 @@ class DraftChains:
     def run(
         self,
         req_pool_indices: torch.Tensor,  # [n] int64, the drafting rows
-        seq_lens: Sequence[int],  # [n] committed lengths L_r
-        first: torch.Tensor,  # [n] int64 d1
-        m: int,
+        starts: Sequence[int],  # [n] s_r, the first position each row feeds
+        gaps: Sequence[int],  # [n] g_r in 0..MAX_FORCED_GAP
+        forced: torch.Tensor,  # [n, max(gaps) + 1] int64, row r's first g_r + 1 inputs
+        forwards: int,  # M
     ) -> torch.Tensor:
-        """[n, m] int64 greedy chain d1..d_m per row."""
-        n = len(seq_lens)
-        device = first.device
-        fed_cpu = torch.tensor([s + 1 for s in seq_lens], dtype=torch.int64)  # [n] L + 1
+        """[n, M] int64: forward j's argmax per row (the token at position s_r + j + 1)."""
+        n = len(starts)
+        device = forced.device
+        self.forced[:n, : forced.shape[1]].copy_(forced)
+        self.gaps[:n].copy_(torch.tensor(list(gaps), dtype=torch.int64), non_blocking=True)
+        fed_cpu = torch.tensor(list(starts), dtype=torch.int64)  # [n]
         fed = fed_cpu.to(device, non_blocking=True)
-        positions = fed.unsqueeze(1) + torch.arange(m, device=device)  # [n, m]
+        positions = fed.unsqueeze(1) + torch.arange(forwards + 1, device=device)  # [n, M + 1]
         locs = self.req_to_token[req_pool_indices.unsqueeze(1), positions].to(torch.int64)
         fb = ForwardBatch(
             forward_mode=ForwardMode.DECODE,
@@ -213,17 +243,17 @@ class DraftChains:
             seq_lens_sum=int(fed_cpu.sum()),
             positions=fed.clone(),
             spec_algorithm=self.draft_runner.spec_algorithm,
-            spec_info=EagleDraftInput(
+            spec_info=EagleDraftInput(  # read by the graph runner only; the inputs are ``forced``
                 topk_p=torch.ones((n, 1), dtype=torch.float32, device=device),
-                topk_index=first.unsqueeze(1),
+                topk_index=forced[:, :1],
                 capture_hidden_mode=CaptureHiddenMode.NULL,
             ),
             capture_hidden_mode=CaptureHiddenMode.NULL,
         )
         if self.graphed(n):
-            _, _, tokens, _ = self.runners[m].execute(fb)
+            _, _, tokens, _ = self.runners[forwards].execute(fb)
             return tokens
-        chain = self.chains[m]
+        chain = self.chains[forwards]
         chain.draft_attn_backend.init_forward_metadata(fb)
         fb.mark_forward_metadata_ready()
         with _without_decode_graphs(self.draft_runner):
@@ -265,8 +295,8 @@ def build_draft_chains(server_args, draft_runner, k_max: int, enabled: bool) -> 
         logger.info("FASER draft steps: one forward per step (%s)", e)
         return None
     logger.info(
-        "FASER draft steps: greedy chains of 2..%d steps, %s",
-        k_max,
+        "FASER draft steps: greedy chains of 1..%d forwards, %s",
+        k_max + MAX_FORCED_GAP,
         f"CUDA graphs up to {chains.graph_rows} rows" if graphs else "eager (no decode CUDA graphs)",
     )
     return chains

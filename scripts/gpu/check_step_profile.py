@@ -65,8 +65,8 @@ def profile_steps(out: Path) -> list[dict]:
 
 def checks(groups: list[dict]) -> dict[str, bool]:
     """What the summary must show, by name."""
-    if [(g["kind"], g["batch_size"]) for g in groups] != [("drafting/chain", 4)]:
-        return {"one group, drafting/chain at 4 requests": False}
+    if [(g["kind"], g["batch_size"]) for g in groups] != [("drafting/catchup+chain", 4)]:
+        return {"one group, drafting/catchup+chain at 4 requests": False}
     g = groups[0]
     ph = g["phases"]
     return {

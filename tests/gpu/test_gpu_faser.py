@@ -256,7 +256,8 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
     draft step feeds the previous draft (the identity model's next token depends only on
     the token fed). "random" includes k = 0, so drafting steps catch up over
     plain-decode steps (gaps of several tokens), and mixes lengths in one chain. The
-    draft steps after the catch-up replay one captured chain (draft_chain.py). With
+    draft steps replay one captured chain (draft_chain.py), which feeds the catch-up
+    itself when no row lags more than MAX_FORCED_GAP tokens. With
     decode graphs of at most 8 rows a catch-up of 9-64 tokens replays them in pieces,
     and chains over more than 8 rows run eagerly."""
     trace = tmp_path / "trace.jsonl"
@@ -286,9 +287,12 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
              "max_catchup_gap": max(gaps, default=0),
              "max_catchup_forwards": pieces})  # fmt: skip
     how = Counter(s["draft_steps"] for s in steps if "draft_steps" in s)
-    _record({"test": "identity_draft_steps", "variant": variant, "policy": policy, "graph_bs": graph_bs, **how})
+    # Chains that fed the catch-up themselves (no catch-up forward of their own).
+    fed = sum(1 for s in steps if s.get("draft_steps") in ("graph", "chain") and s["catchup_forwards"] == 0)
+    _record({"test": "identity_draft_steps", "variant": variant, "policy": policy, "graph_bs": graph_bs, **how,
+             "chains_fed_the_catchup": fed})  # fmt: skip
     assert drafted > 0 and accepted == drafted
-    assert how["graph"] > 0 and how["loop"] == 0
+    assert how["graph"] > 0 and how["loop"] == 0 and fed > 0
     if graph_bs is not None:
         assert how["chain"] > 0, "no chain ran past the captured batch sizes"
     if policy == "random":

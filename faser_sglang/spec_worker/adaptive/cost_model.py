@@ -34,7 +34,11 @@ in which every drafting request runs to m, so there the two per-request terms ar
 (``chained``): a draft below the step's longest costs its request no draft forward,
 only its verify token; the step's longest draft costs every drafting row one more
 step. The trace says which way each profiled step ran (``draft_steps``), so one fit
-serves both.
+serves both. When no drafting row lags its committed length by more than
+MAX_FORCED_GAP tokens, the chain feeds the catch-up itself (draft.py): the catch-up
+forward priced as F = 1 is then the chain's first forward, which a profile of such
+steps fits at what it costs; a step in which some row lags one token runs one chain
+forward more than priced.
 
 A step in which nobody drafts is not a verify: the worker runs it as a plain decode
 through SGLang's own model worker (``VerifyPhase.plain_decode``), which costs less
