@@ -49,9 +49,10 @@ class DraftOutput:
     probs: Optional[torch.Tensor]  # [bs, K_max, V] float32 q of each draft; None if all greedy
     draft_kv_lens: list[int]  # [bs] draft KV fill after this phase
     catchup_forwards: int  # forwards of a catch-up of its own (0: none; a chain fed it, or nobody drafted)
-    # How the steps after the catch-up ran: "none" (no row drafts past d1), "loop" (one
-    # forward each), "chain" (one multi-step plan, eager forwards) or "graph" (one CUDA
-    # graph replay); draft_chain.py.
+    # How the draft forwards ran: "none" (a catch-up alone: no row drafts past d1),
+    # "loop" (one forward per draft step), "chain" (one multi-step plan, eager forwards)
+    # or "graph" (one CUDA graph replay); a chain includes the catch-up when
+    # catchup_forwards is 0 (draft_chain.py).
     steps: str = "loop"
 
 
@@ -66,12 +67,14 @@ class DraftPhase:
         # None: every step drafts one forward at a time.
         self.chains: Optional[DraftChains] = None
 
-    def chains_batch(self, sampling_info) -> bool:
-        """Whether a step over this batch (SGLang's SamplingBatchInfo) runs its draft
-        forwards after the catch-up as one chain, as ``run`` decides for its drafting
-        rows. A batch with sampled requests also chains when only greedy ones draft; the
-        policy prices it as a loop."""
-        return self._chains_serve(bool(sampling_info.is_all_greedy), sampling_info.logit_bias)
+    def chains_batch(self, reqs, sampling_info) -> bool:
+        """Whether a step over this batch (its requests and SGLang's SamplingBatchInfo)
+        runs its draft forwards as one chain, as ``run`` decides for its drafting rows.
+        Greedy is judged per request, as ``SamplingRows`` does (SGLang's
+        ``is_all_greedy`` is not recomputed when a batch is filtered). A batch with
+        sampled requests also chains when only greedy ones draft; the policy prices it
+        as a loop."""
+        return self._chains_serve(all(r.sampling_params.top_k <= 1 for r in reqs), sampling_info.logit_bias)
 
     def _chains_serve(self, all_greedy: bool, logit_bias: Optional[torch.Tensor]) -> bool:
         """Chains are built and the rows are greedy, without a logit bias (a sampled

@@ -28,9 +28,11 @@ The chain returns the [n, M] argmaxes. Two ways draft.py uses it:
 
 Every row runs all M forwards. A row that drafts less than m, or lags less than the
 most lagging row, drafts past its length: those tokens are dropped, and the draft KV
-it wrote past position L_r + m - 1 is never counted valid (state.py). The writes stay
-inside the slots SGLang reserves per request for a step (2 * (K_max + 1) past the
-committed length, ``alloc_for_spec_decode``): at most L_r + MAX_FORCED_GAP + K_max - 1.
+it wrote past position L_r + m - 1 is never counted valid (state.py). The writes reach
+at most position L_r + MAX_FORCED_GAP + K_max - 1, no further than the step's verify
+writes (L_r + K_max): under the overlap schedule that is all SGLang's per-step
+reservation guarantees (it reserves 2 * (K_max + 1) slots past a committed length that
+may lag L_r by K_max + 1), so MAX_FORCED_GAP cannot grow past 1 without reserving more.
 
 On FlashInfer the chain plans its forwards from host lengths (``HostPlannedFlashInfer``):
 SGLang's multi-step plan reads the KV pointers back from the device, which would hold
@@ -58,6 +60,7 @@ logger = logging.getLogger(__name__)
 
 # Committed tokens a drafting row may lag and still start its chain from them: 0 after
 # a step that rejected a draft, 1 after one that accepted all of the step's longest.
+# At most 1: the chain must not write past the verify's last position (module docstring).
 MAX_FORCED_GAP = 1
 
 
@@ -120,9 +123,9 @@ class HostPlannedFlashInfer(FlashInferMultiStepDraftBackend):
 
     SGLang's ``common_template`` has a kernel write every step's KV indices and KV
     pointers, then copies the pointers to the host for FlashInfer's plan
-    (``kv_indptr.cpu()``). That copy waits for all work queued before it: in a FASER
-    step, the draft's catch-up forward, so the host could not queue the chain and the
-    verify behind it. For a chain (topk = 1) the pointers follow from the host lengths
+    (``kv_indptr.cpu()``). That copy waits for all work queued before it (in a FASER
+    step, a catch-up forward, or the previous step's verify and acceptance), so the
+    host could not queue the chain and the verify behind it. For a chain (topk = 1) the pointers follow from the host lengths
     (``chain_kv_indptr``); this plans with them and copies them over the kernel's, so
     the pointers the attention reads are the ones FlashInfer planned, also for the
     padding rows of a graph replay (the kernel derives pointers from positions, which

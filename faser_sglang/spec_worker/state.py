@@ -23,10 +23,12 @@ class FaserDraftState(SpecInput):
     with the request's committed length at the next step (``draft_kv_lens``): the
     worker only learns that length there, because under SGLang's overlap schedule a
     step's acceptance reaches the host after the next step is launched. The draft
-    lags the committed length when the last step accepted every draft (its last
-    draft token was never fed to the draft) or when the request did not draft
-    (k_i = 0); the next draft pass feeds the missing committed tokens first
-    (catch-up), so drafts always condition on the exact committed prefix.
+    lags the committed length when the last step accepted every draft and its last
+    draft was never fed to the draft (a chain feeds every row up to the step's
+    longest draft m, so only a row with k_i = m; one forward per step feeds k_i - 1),
+    or when the request did not draft (k_i = 0); the next draft pass feeds the
+    missing committed tokens first (catch-up), so drafts always condition on the exact
+    committed prefix.
 
     The remaining fields are the overlap schedule's relay (SGLang's FutureMap):
     ``bonus_tokens`` [bs] is each request's last emitted token, which the scheduler

@@ -3,7 +3,7 @@
 One decode step, for a continuous batch where every request has its own length:
 
     lengths = policy.choose(requests)            # k_i in [0, K_max]
-    drafts  = draft phase (max k_i forwards)     # only requests with k_i > 0
+    drafts  = draft phase (about max k_i forwards) # only requests with k_i > 0
     logits  = verify phase (one ragged forward)  # k_i + 1 tokens per request
     result  = accept(logits, drafts)             # greedy / rejection sampling
     policy.observe(accepted)                     # feeds the next step's lengths
@@ -192,7 +192,7 @@ class FaserWorker(BaseSpecWorker):
             budget,
             self.draft_phase.chunks.row_limit() or None,
             tuple(remaining),
-            self.draft_phase.chains_batch(batch.sampling_info),
+            self.draft_phase.chains_batch(batch.reqs, batch.sampling_info),
         )
         lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), remaining)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))

@@ -5,7 +5,7 @@ A step is a draft phase then a verify phase (see ``spec_worker.draft`` / ``verif
     T(k) = draft_time(k) + verify_time(k)
 
     draft_time  = F * extend_forward                the catch-up's forwards (F, below)
-                + max(m - 1, 0) * decode_forward    DECODE forwards 2..m
+                + max(m - 1, 0) * decode_forward    DECODE forwards for drafts 2..m
                 + sum_i max(k_i - 1, 0) * row_step  requests in those DECODE forwards
                 + sum_{k_i > 0} c_i * catchup_token tokens the catch-up feeds (c_i per request)
                 + sum_i k_i L_i * context_row_step  draft KV read: L_i context per forward
@@ -25,7 +25,7 @@ forward is bound by reading its weights, steeper once the GEMMs become compute
 bound. The allocator prices the per-request terms per draft position, the forward
 counts as whole forwards (a deeper maximum, a catch-up past a piece boundary).
 
-A greedy step's draft forwards 2..m run as one chain (``spec_worker/draft_chain.py``)
+A greedy step's draft forwards for drafts 2..m run as one chain (``spec_worker/draft_chain.py``)
 in which every drafting request runs to m, so there the two per-request terms are
 
     row_step         * n (m - 1)                  n = requests with k_i > 0
@@ -191,7 +191,7 @@ class CostModel:
         seq_lens: Sequence[int],
         catchup: Sequence[int],
         piece_tokens: Optional[int] = None,  # catch-up tokens per draft forward (None: one forward)
-        chained: bool = False,  # draft steps 2..m as one chain: every drafting row runs to m
+        chained: bool = False,  # draft forwards as one chain: every drafting row runs to m
     ) -> float:
         features = _draft_features(draft_lens, seq_lens, catchup, piece_tokens, chained)
         return float(np.dot(features, _draft_vector(self.draft)))
