@@ -22,7 +22,6 @@ from typing import Sequence
 import torch
 
 
-
 @dataclass(frozen=True)
 class RaggedLayout:
     """Index maps for per-request verify chunks.

@@ -38,7 +38,7 @@ from faser_sglang.spec_worker.batch_views import RowSelection, decode_forward_ba
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft_chain import MAX_FORCED_GAP, DraftChains
 from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES
-from faser_sglang.spec_worker.sampling import SamplingRows, greedy_tokens, sampling_probs
+from faser_sglang.spec_worker.sampling import SamplingRows, greedy_requests, greedy_tokens, sampling_probs
 from faser_sglang.spec_worker.token_history import TokenHistory
 from faser_sglang.tensors import device_tensor
 
@@ -74,7 +74,7 @@ class DraftPhase:
         ``is_all_greedy`` is not recomputed when a batch is filtered). A batch with
         sampled requests also chains when only greedy ones draft; the policy prices it
         as a loop."""
-        return self._chains_serve(all(r.sampling_params.top_k <= 1 for r in reqs), sampling_info.logit_bias)
+        return self._chains_serve(all(greedy_requests(reqs)), sampling_info.logit_bias)
 
     def _chains_serve(self, all_greedy: bool, logit_bias: Optional[torch.Tensor]) -> bool:
         """Chains are built and the rows are greedy, without a logit bias (a sampled
@@ -120,7 +120,7 @@ class DraftPhase:
                     first = greedy_tokens(logits, rows_sampling)  # [n] d1
                     after = self.chains.run(
                         batch.req_pool_indices[active_t], [seq_lens[i] + 1 for i in active], [0] * len(active),
-                        first.unsqueeze(1), m - 1,
+                        first.unsqueeze(1), m - 1, m - 1,
                     )  # [n, m - 1] d2..d_m
                     chain = torch.cat([first.unsqueeze(1), after], dim=1)
             else:
@@ -155,11 +155,9 @@ class DraftPhase:
         # Row r's forced inputs: positions L_r - g_r .. L_r, then (unread) repeats of L_r.
         positions = [seq_lens[i] - g + min(j, g) for i, g in zip(active, gaps) for j in range(widest + 1)]
         forced = history.gather([r for r in rows for _ in range(widest + 1)], positions).view(len(active), widest + 1)
-        out = self.chains.run(
-            batch.req_pool_indices[active_t], [seq_lens[i] - g for i, g in zip(active, gaps)], gaps, forced, widest + m
-        )  # [n, widest + m]: row r's d1 is its argmax g_r
-        first = device_tensor(gaps, out.device).unsqueeze(1) + torch.arange(m, device=out.device)  # [n, m]
-        return out.gather(1, first)
+        return self.chains.run(
+            batch.req_pool_indices[active_t], [seq_lens[i] - g for i, g in zip(active, gaps)], gaps, forced, widest + m, m
+        )  # row r's d1 is its argmax g_r
 
     def _loop(
         self,

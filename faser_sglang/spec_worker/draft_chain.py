@@ -19,7 +19,8 @@ argmaxes take over:
     seq_lens = positions = s_r, out_cache_loc = the KV slots of positions s_r .. s_r + M,
     forward j feeds forced[r, j] if j <= g_r, else the argmax of forward j - 1, at
     position s_r + j, attends over s_r + j + 1 tokens and predicts position s_r + j + 1.
-The chain returns the [n, M] argmaxes. Two ways draft.py uses it:
+``DraftChains.run`` returns each row's argmaxes from g_r on: its tokens after L_r.
+Two ways draft.py uses it:
   - from the committed tokens (every drafting row lags its committed length L_r by
     g_r <= MAX_FORCED_GAP tokens): s_r = L_r - g_r, forced = the g_r committed tokens
     and the bonus token, M = max g + m; row r's drafts d1..d_m are argmaxes
@@ -225,8 +226,10 @@ class DraftChains:
         gaps: Sequence[int],  # [n] g_r in 0..MAX_FORCED_GAP
         forced: torch.Tensor,  # [n, max(gaps) + 1] int64, row r's first g_r + 1 inputs
         forwards: int,  # M
+        drafts: int,  # tokens wanted per row, drafts + max(gaps) <= M
     ) -> torch.Tensor:
-        """[n, M] int64: forward j's argmax per row (the token at position s_r + j + 1)."""
+        """[n, drafts] int64: each row's argmaxes g_r .. g_r + drafts - 1 (forward j's
+        argmax is the token at position s_r + j + 1, so these follow position L_r)."""
         n = len(starts)
         device = forced.device
         self.forced[:n, : forced.shape[1]].copy_(forced)
@@ -255,13 +258,14 @@ class DraftChains:
         )
         if self.graphed(n):
             _, _, tokens, _ = self.runners[forwards].execute(fb)
-            return tokens
-        chain = self.chains[forwards]
-        chain.draft_attn_backend.init_forward_metadata(fb)
-        fb.mark_forward_metadata_ready()
-        with _without_decode_graphs(self.draft_runner):
-            _, _, tokens, _ = chain.draft_forward(fb)
-        return tokens
+        else:
+            chain = self.chains[forwards]
+            chain.draft_attn_backend.init_forward_metadata(fb)
+            fb.mark_forward_metadata_ready()
+            with _without_decode_graphs(self.draft_runner):
+                _, _, tokens, _ = chain.draft_forward(fb)
+        first = self.gaps[:n].unsqueeze(1) + torch.arange(drafts, device=device)  # [n, drafts]
+        return tokens.gather(1, first)  # tokens: [n, M]
 
 
 @contextmanager

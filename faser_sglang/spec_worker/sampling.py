@@ -23,6 +23,12 @@ import torch
 from faser_sglang.tensors import device_tensor
 
 
+def greedy_requests(reqs: Sequence) -> tuple[bool, ...]:
+    """[n] whether each request is greedy: top_k <= 1, as SGLang decides it
+    (``SamplingBatchInfo.is_all_greedy``)."""
+    return tuple(r.sampling_params.top_k <= 1 for r in reqs)
+
+
 @dataclass(frozen=True)
 class SamplingRows:
     """Sampling parameters, one row per request (or per flat token after expand).
@@ -42,8 +48,7 @@ class SamplingRows:
     @classmethod
     def from_sampling_info(cls, info, sampling_backend: str, reqs: Sequence) -> "SamplingRows":
         """From SGLang's ``SamplingBatchInfo`` (temperatures is [bs, 1] there), the
-        batch's requests in the same order, and the server's ``--sampling-backend``.
-        Greedy is top_k <= 1, as SGLang decides it (``is_all_greedy``)."""
+        batch's requests in the same order, and the server's ``--sampling-backend``."""
         top_ks = info.top_ks.to(torch.int64)
         return cls(
             temperatures=info.temperatures.view(-1).to(torch.float32),
@@ -52,7 +57,7 @@ class SamplingRows:
             min_ps=info.min_ps.to(torch.float32),
             greedy=top_ks <= 1,
             logit_bias=info.logit_bias,
-            greedy_cpu=tuple(r.sampling_params.top_k <= 1 for r in reqs),
+            greedy_cpu=greedy_requests(reqs),
             top_p_after_top_k=sampling_backend == "flashinfer" and bool(info.need_min_p_sampling),
         )
 
