@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from faser_sglang.spec_worker.draft_chain import chain_kv_indptr
+from faser_sglang.spec_worker.chain_backends import chain_kv_indptr
 
 # A graph replay's batch: three real rows padded to five, as EAGLEDraftCudaGraphRunner
 # pads them (seq_lens and seq_lens_cpu filled with 1, positions and pool rows with 0).

@@ -10,8 +10,7 @@ per forward, all planned before the first) and, where decode CUDA graphs run, on
 replay of a graph SGLang's ``EAGLEDraftCudaGraphRunner`` captured around
 ``_Chain.draft_forward``. Batches larger than the captured sizes, and devices without
 CUDA graphs, run the same ``draft_forward`` eagerly after one multi-step plan. There is
-one chain per number of forwards M in 1..K_max + MAX_FORCED_GAP, each with its own
-attention backend.
+one chain per number of forwards M in 1..K_max + MAX_FORCED_GAP.
 
 A chain row r starts at position s_r, the first position its draft KV lacks, and is
 fed g_r + 1 *forced* tokens known in advance (g_r <= MAX_FORCED_GAP) before its own
@@ -35,26 +34,25 @@ writes (L_r + K_max): under the overlap schedule that is all SGLang's per-step
 reservation guarantees (it reserves 2 * (K_max + 1) slots past a committed length that
 may lag L_r by K_max + 1), so MAX_FORCED_GAP cannot grow past 1 without reserving more.
 
-On FlashInfer the chain plans its forwards from host lengths (``HostPlannedFlashInfer``):
-SGLang's multi-step plan reads the KV pointers back from the device, which would hold
-the host until the work queued before the chain has finished.
+The chains attend through one multi-step attention backend, the longest chain's, of
+which the shorter ones use the first steps; on FlashInfer it plans from host lengths
+(chain_backends.py).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence
 
 import torch
-from sglang.kernels.ops.attention.utils import assert_buffer_fits
-from sglang.srt.layers.attention import flashinfer_backend
-from sglang.srt.layers.attention.flashinfer_backend import FlashInferMultiStepDraftBackend
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.speculative.eagle_info import EagleDraftInput
-from sglang.srt.speculative.spec_utils import draft_kv_indices_used_len
-from sglang.srt.utils import get_cuda_graph_max_batch_size, next_power_of_2
+from sglang.srt.utils import get_cuda_graph_max_batch_size
+
+from faser_sglang.spec_worker.chain_backends import ChainBackends
 
 logger = logging.getLogger(__name__)
 
@@ -106,85 +104,6 @@ class _Chain:
         return None, None, torch.stack(out, dim=1), None
 
 
-def chain_kv_indptr(seq_lens: torch.Tensor, steps: int) -> torch.Tensor:
-    """[steps, bs + 1] int32 KV pointers of a chain's steps, from the host lengths
-    seq_lens [bs] (int64, the lengths before the chain's first token). At step i row z
-    attends over seq_lens[z] + i + 1 tokens, laid out row after row in that step's
-    kv_indices, as SGLang's ``generate_draft_decode_kv_indices`` packs them (topk = 1).
-
-    seq_lens [5, 3], steps 2 -> [[0, 6, 10], [0, 7, 12]]"""
-    lens = seq_lens.unsqueeze(0) + torch.arange(1, steps + 1, dtype=torch.int64).unsqueeze(1)  # [steps, bs]
-    indptr = torch.zeros((steps, seq_lens.numel() + 1), dtype=torch.int32)
-    indptr[:, 1:] = torch.cumsum(lens, dim=1)
-    return indptr
-
-
-class HostPlannedFlashInfer(FlashInferMultiStepDraftBackend):
-    """SGLang's FlashInfer multi-step draft backend, planned from host lengths.
-
-    SGLang's ``common_template`` has a kernel write every step's KV indices and KV
-    pointers, then copies the pointers to the host for FlashInfer's plan
-    (``kv_indptr.cpu()``). That copy waits for all work queued before it (in a FASER
-    step, a catch-up forward, or the previous step's verify and acceptance), so the
-    host could not queue the chain and the verify behind it. For a chain (topk = 1) the pointers follow from the host lengths
-    (``chain_kv_indptr``); this plans with them and copies them over the kernel's, so
-    the pointers the attention reads are the ones FlashInfer planned, also for the
-    padding rows of a graph replay (the kernel derives pointers from positions, which
-    are 0 there, but lays out the indices by seq_lens).
-
-    The rest is SGLang 0.5.17's ``common_template`` unchanged."""
-
-    def common_template(self, forward_batch: ForwardBatch, kv_indices_buffer: torch.Tensor, call_fn) -> None:
-        if self.topk != 1 or forward_batch.seq_lens_cpu is None:
-            super().common_template(forward_batch, kv_indices_buffer, call_fn)
-            return
-        bs = forward_batch.batch_size
-        steps = self.speculative_num_steps
-        seq_lens_sum = forward_batch.seq_lens_sum
-        required = draft_kv_indices_used_len(seq_lens_sum, 1, bs, steps)
-        assert_buffer_fits(
-            required, kv_indices_buffer.shape[1], "FASER draft chain kv_indices row", bs=bs, seq_lens_sum=seq_lens_sum
-        )
-        self.generate_draft_decode_kv_indices[(steps, bs, 1)](
-            forward_batch.req_pool_indices,
-            self.req_to_token_pool.req_to_token,
-            forward_batch.seq_lens,
-            kv_indices_buffer,
-            self.kv_indptr,
-            forward_batch.positions,
-            self.pool_len,
-            kv_indices_buffer.shape[1],
-            self.kv_indptr.shape[1],
-            next_power_of_2(bs),
-            next_power_of_2(steps),
-            next_power_of_2(bs),
-            self.page_size,
-        )
-        indptr_cpu = chain_kv_indptr(forward_batch.seq_lens_cpu[:bs].to(torch.int64), steps).pin_memory()
-        self.kv_indptr[:, : bs + 1].copy_(indptr_cpu, non_blocking=True)
-        for i in range(steps - 1):
-            forward_batch.spec_info.kv_indptr = self.kv_indptr[i, : bs + 1]
-            forward_batch.spec_info.kv_indices = kv_indices_buffer[i][
-                : draft_kv_indices_used_len(seq_lens_sum, 1, bs, i + 1)
-            ]
-            flashinfer_backend.global_override_indptr_cpu = indptr_cpu[i]
-            try:
-                call_fn(i, forward_batch)
-            finally:
-                flashinfer_backend.global_override_indptr_cpu = None
-
-
-def _draft_backend(server_args, draft_runner, steps: int):
-    """The multi-step attention backend SGLang's drafters use for ``steps`` steps
-    (steps - 1 forwards), FlashInfer's planned from host lengths."""
-    from sglang.srt.speculative.draft_utils import DraftBackendFactory
-
-    backend = DraftBackendFactory(server_args, draft_runner, 1, steps).create_decode_backend()
-    if type(backend) is FlashInferMultiStepDraftBackend:
-        backend.__class__ = HostPlannedFlashInfer  # adds no state: only common_template differs
-    return backend
-
-
 class DraftChains:
     """The greedy chains of 1..K_max + MAX_FORCED_GAP forwards, captured as CUDA graphs
     when ``graphs``."""
@@ -197,9 +116,10 @@ class DraftChains:
         rows = get_cuda_graph_max_batch_size(server_args, draft_runner.req_to_token_pool.size)
         self.forced = torch.zeros((rows, MAX_FORCED_GAP + 1), dtype=torch.int64, device=draft_runner.device)
         self.gaps = torch.zeros(rows, dtype=torch.int64, device=draft_runner.device)
+        longest = k_max + MAX_FORCED_GAP
+        self.backends = ChainBackends(server_args, draft_runner, longest)
         self.chains = {
-            m: _Chain(draft_runner, _draft_backend(server_args, draft_runner, m + 1), m, self.forced, self.gaps)
-            for m in range(1, k_max + MAX_FORCED_GAP + 1)
+            m: _Chain(draft_runner, self.backends.backend(m), m, self.forced, self.gaps) for m in range(1, longest + 1)
         }
         self.runners = self._capture() if graphs else {}
         self.graph_rows = min((r.max_bs for r in self.runners.values()), default=0)
@@ -296,14 +216,24 @@ def build_draft_chains(server_args, draft_runner, k_max: int, enabled: bool) -> 
         and not server_args.disable_cuda_graph
         and not check_cuda_graph_backend(Phase.DECODE, Backend.DISABLED)
     )
+    started, free = time.perf_counter(), _free_device_memory(server_args.device)
     try:
         chains = DraftChains(server_args, draft_runner, k_max, graphs)
     except ValueError as e:  # SGLang names an attention backend it has no draft backend for
         logger.info("FASER draft steps: one forward per step (%s)", e)
         return None
+    taken = "" if free is None else f", {(free - _free_device_memory(server_args.device)) / 2**30:.2f} GiB"
     logger.info(
-        "FASER draft steps: greedy chains of 1..%d forwards, %s",
+        "FASER draft steps: greedy chains of 1..%d forwards, %s, %s (set up in %.1f s%s)",
         k_max + MAX_FORCED_GAP,
         f"CUDA graphs up to {chains.graph_rows} rows" if graphs else "eager (no decode CUDA graphs)",
+        "one attention backend for all" if chains.backends.shared else "an attention backend each",
+        time.perf_counter() - started,
+        taken,
     )
     return chains
+
+
+def _free_device_memory(device: str) -> Optional[int]:
+    """Free bytes on the current CUDA device; None on other devices."""
+    return torch.cuda.mem_get_info()[0] if device == "cuda" else None
