@@ -77,3 +77,11 @@ def test_sweep_replays_each_other_rate_once_and_reuses_a_poisson_main_run(monkey
     assert ab.rate_sweep(bursty, replays, [["run0"], ["run1"]]) == {6.0: [("run1", "trace@6.0")]}
     none = Namespace(trace="poisson", rate=6.0, sweep_rates=[])
     assert ab.rate_sweep(none, ab.plan_replays(none, "main", []), [[]]) == {}
+
+
+def test_no_spec_runs_first_and_is_required(capsys):
+    assert ab.baseline_first(["faser-ad", "no-spec", "standalone-k3"]) == ["no-spec", "faser-ad", "standalone-k3"]
+    assert "no-spec runs first" in capsys.readouterr().out
+    assert ab.baseline_first(["no-spec", "faser"]) == ["no-spec", "faser"]
+    with pytest.raises(SystemExit, match="must include no-spec"):
+        ab.baseline_first(["faser", "standalone-k3"])

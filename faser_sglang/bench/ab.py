@@ -320,8 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.duration = min(args.duration, 60.0)
         args.contenders = [c for c in args.contenders if c in QUICK_CONTENDERS] or list(QUICK_CONTENDERS)
-    if args.contenders[0] != "no-spec":
-        raise SystemExit("the first contender must be no-spec (the baseline)")
+    args.contenders = baseline_first(args.contenders)
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.contenders:  # a bad name or variant fails here, before any server starts
         if name not in UNAVAILABLE:
@@ -345,6 +344,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             note = "  <-- MISMATCH: greedy output differs from no-spec" if n else ""
         print(f"[ab] {name}: {n} of {len(reqs)} greedy outputs differ from no-spec{note}")
     return 0
+
+
+def baseline_first(contenders: list[str]) -> list[str]:
+    """The contenders with no-spec, the baseline every ratio is taken against, run
+    first (moved there, with a note, when listed later); refused without it."""
+    if "no-spec" not in contenders:
+        raise SystemExit("--contenders must include no-spec: every ratio is taken against it")
+    if contenders[0] != "no-spec":
+        print("[ab] no-spec runs first: it is the baseline every ratio is taken against", flush=True)
+    return ["no-spec", *(c for c in contenders if c != "no-spec")]
 
 
 if __name__ == "__main__":
