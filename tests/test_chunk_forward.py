@@ -7,8 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 from faser_sglang.config import FaserConfig
+from faser_sglang.spec_worker.batch_views import ChunkTokens
 from faser_sglang.spec_worker.chunk_forward import ChunkForward, _last_token_index, pieces
 from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES, catchup_forwards
 from faser_sglang.spec_worker.worker import fit_token_budget
@@ -119,25 +121,51 @@ def test_last_logits_in_pieces_feed_each_piece_in_order(monkeypatch):
     shared = torch.zeros(3, 1)
     fed = []
 
-    def fake_decode_rows(batch, rows, starts, lens, input_ids, out_cache_loc):
-        fed.append((rows, starts, lens, input_ids.tolist(), out_cache_loc.tolist()))
+    def fake_decode_rows(batch, tokens, input_ids, out_cache_loc):
+        fed.append((tokens.rows_cpu, tokens.positions_cpu, tokens.packed.tolist(), input_ids.tolist(),
+                    out_cache_loc.tolist()))  # fmt: skip
         shared.zero_()
         shared[: len(input_ids), 0] = input_ids.float()  # each row's "logit": its token id
         return shared[: len(input_ids)]
 
     monkeypatch.setattr(chunks, "_decode_rows", fake_decode_rows)
     rows, starts, lens = [0, 2, 5], [10, 4, 7], [4, 1, 2]
+    batch = fake_batch(pool_rows=[30, 31, 32, 33, 34, 35])
+    tokens = ChunkTokens.of(batch, rows, starts, lens)
     ids = torch.arange(100, 107)  # [7]: row 0 100..103, row 2 104, row 5 105..106
     slots = torch.arange(200, 207)
-    out = chunks._last_logits_in_pieces(None, rows, starts, lens, ids, slots)
+    out = chunks._last_logits_in_pieces(batch, rows, starts, lens, tokens, ids, slots)
     assert fed == [
-        ([0], [10], [3], [100, 101, 102], [200, 201, 202]),
-        ([0, 2, 5], [13, 4, 7], [1, 1, 1], [103, 104, 105], [203, 204, 205]),
-        ([5], [8], [1], [106], [206]),
+        ((0, 0, 0), (10, 11, 12), [[0, 0, 0], [10, 11, 12], [30, 30, 30]], [100, 101, 102], [200, 201, 202]),
+        ((0, 2, 5), (13, 4, 7), [[0, 2, 5], [13, 4, 7], [30, 32, 35]], [103, 104, 105], [203, 204, 205]),
+        ((5,), (8,), [[5], [8], [35]], [106], [206]),
     ]
     assert out[:, 0].tolist() == [103, 104, 106]  # last tokens of rows 0, 2, 5
     with pytest.raises(ValueError, match="limit"):
         pieces([0], [0], [1], 0)
+
+
+def fake_batch(pool_rows: list[int]) -> SimpleNamespace:
+    """The ScheduleBatch fields ChunkTokens reads: each request's request-pool row."""
+    reqs = [SimpleNamespace(req_pool_idx=r) for r in pool_rows]
+    return SimpleNamespace(reqs=reqs, seq_lens=torch.zeros(len(reqs), dtype=torch.int64))
+
+
+def test_chunk_tokens_index_each_token_from_host_lists_in_one_copy():
+    batch = fake_batch(pool_rows=[5, 7, 3])
+    tokens = ChunkTokens.of(batch, rows=[0, 2], starts=[10, 4], lens=[2, 1])
+    assert (tokens.rows_cpu, tokens.positions_cpu) == ((0, 0, 2), (10, 11, 4))
+    req_to_token = torch.arange(8 * 16, dtype=torch.int32).view(8, 16)  # slot = pool row * 16 + position
+    slots = tokens.kv_slots(req_to_token)
+    assert slots.dtype == torch.int64 and slots.tolist() == [5 * 16 + 10, 5 * 16 + 11, 3 * 16 + 4]
+    assert tokens.selection().rows.tolist() == [0, 0, 2]
+    lens_cpu, lens = tokens.decode_lengths()
+    assert lens_cpu == [11, 12, 5] and lens.tolist() == [11, 12, 5]
+    second = tokens.piece(1, 2)
+    assert len(second) == 2 and second.kv_slots(req_to_token).tolist() == [5 * 16 + 11, 3 * 16 + 4]
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # one host-to-device copy: one tensor built
+        ChunkTokens.of(batch, rows=[0, 1, 2], starts=[3, 4, 5], lens=[2, 2, 2])
+    assert sum(e.count for e in prof.key_averages() if e.key == "aten::lift_fresh") <= 1
 
 
 def test_graphed_only_when_every_forward_of_the_chunk_replayed_a_graph():

@@ -65,10 +65,13 @@ def _select_rows(batch: ScheduleBatch, sel: Optional[RowSelection]) -> ScheduleB
     return view
 
 
-def _set_lengths(view: ScheduleBatch, seq_lens_cpu: Sequence[int], device) -> None:
+def _set_lengths(
+    view: ScheduleBatch, seq_lens_cpu: Sequence[int], device, seq_lens: Optional[torch.Tensor] = None
+) -> None:
+    """The view's lengths from the host's; ``seq_lens``: the same already on the device."""
     seq_lens_t = torch.tensor(list(seq_lens_cpu), dtype=torch.int64)
     view.seq_lens_cpu = seq_lens_t
-    view.seq_lens = seq_lens_t.to(device, non_blocking=True)
+    view.seq_lens = seq_lens_t.to(device, non_blocking=True) if seq_lens is None else seq_lens
     view.orig_seq_lens = view.seq_lens.to(torch.int32)
     view.seq_lens_sum = int(seq_lens_t.sum())
 
@@ -111,6 +114,7 @@ def decode_forward_batch(
     input_ids: torch.Tensor,  # [n] int64
     seq_lens_cpu: Sequence[int],  # [n] lengths including the token fed now
     out_cache_loc: torch.Tensor,  # [n] KV slot of the token fed now
+    seq_lens: Optional[torch.Tensor] = None,  # [n] int64 seq_lens_cpu on the device, if there already
 ) -> ForwardBatch:
     """A DECODE forward: one token per row at position seq_len - 1."""
     view = _select_rows(batch, sel)
@@ -118,7 +122,7 @@ def decode_forward_batch(
     view.is_extend_in_batch = False
     view.input_ids = input_ids
     view.out_cache_loc = out_cache_loc
-    _set_lengths(view, seq_lens_cpu, batch.device)
+    _set_lengths(view, seq_lens_cpu, batch.device, seq_lens)
     return ForwardBatch.init_new(
         view,
         runner,
@@ -127,22 +131,50 @@ def decode_forward_batch(
     )
 
 
-def kv_slots(
-    req_to_token: torch.Tensor,  # [max_reqs, max_context] int32
-    req_pool_indices: torch.Tensor,  # [n] int64
-    starts: torch.Tensor,  # [n] int64 first position per row
-    lens: torch.Tensor,  # [n] int64 positions per row
-    total: int,  # sum(lens), known on the host
-) -> torch.Tensor:
-    """KV slot of each position start_r .. start_r + len_r - 1, rows concatenated. [total] int64.
+@dataclass(frozen=True)
+class ChunkTokens:
+    """The tokens of a chunk (chunk_forward.py), rows concatenated, each with its
+    batch row and position: built on the host, where the lengths are, and copied to the
+    device once, so a forward's indices cost one copy and one gather.
 
-    req_pool_indices = [5, 2], starts = [10, 3], lens = [2, 1]
-      -> [req_to_token[5, 10], req_to_token[5, 11], req_to_token[2, 3]]
+    rows [0, 2], starts [10, 4], lens [2, 1], request-pool rows of the batch [5, 7, 3]
+      -> rows_cpu (0, 0, 2), positions_cpu (10, 11, 4), pool rows [5, 5, 3]
     """
-    row_of_token = torch.repeat_interleave(
-        torch.arange(lens.shape[0], device=lens.device), lens, output_size=total
-    )  # [total]
-    first_token = torch.cumsum(lens, 0) - lens  # [n]
-    offset = torch.arange(total, device=lens.device) - first_token[row_of_token]
-    positions = starts[row_of_token] + offset
-    return req_to_token[req_pool_indices[row_of_token], positions].to(torch.int64)
+
+    rows_cpu: tuple[int, ...]  # [n] batch row of each token
+    positions_cpu: tuple[int, ...]  # [n] position of each token
+    packed: torch.Tensor  # [3, n] int64 on the device: batch rows, positions, request-pool rows
+
+    @classmethod
+    def of(
+        cls, batch: ScheduleBatch, rows: Sequence[int], starts: Sequence[int], lens: Sequence[int]
+    ) -> "ChunkTokens":
+        token_rows: list[int] = []
+        positions: list[int] = []
+        pool_rows: list[int] = []
+        for row, start, n in zip(rows, starts, lens):
+            token_rows.extend([row] * n)
+            positions.extend(range(start, start + n))
+            pool_rows.extend([batch.reqs[row].req_pool_idx] * n)
+        packed = device_tensor(token_rows + positions + pool_rows, batch.seq_lens.device)
+        return cls(tuple(token_rows), tuple(positions), packed.view(3, len(token_rows)))
+
+    def __len__(self) -> int:
+        return len(self.rows_cpu)
+
+    def piece(self, start: int, n: int) -> "ChunkTokens":
+        """Tokens start .. start + n - 1."""
+        end = start + n
+        return ChunkTokens(self.rows_cpu[start:end], self.positions_cpu[start:end], self.packed[:, start:end])
+
+    def kv_slots(self, req_to_token: torch.Tensor) -> torch.Tensor:
+        """[n] int64 KV slot of each token (req_to_token: [max_reqs, max_context] int32)."""
+        return req_to_token[self.packed[2], self.packed[1]].to(torch.int64)
+
+    def selection(self) -> RowSelection:
+        """The tokens' batch rows: one decode row per token."""
+        return RowSelection(self.rows_cpu, self.packed[0])
+
+    def decode_lengths(self) -> tuple[list[int], torch.Tensor]:
+        """Each token's decode-row length (its position + 1), on the host and [n] on the device."""
+        return [p + 1 for p in self.positions_cpu], self.packed[1] + 1

@@ -44,10 +44,10 @@ from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, Forw
 
 from faser_sglang.config import CHUNK_FORWARDS
 from faser_sglang.spec_worker.batch_views import (
+    ChunkTokens,
     RowSelection,
     decode_forward_batch,
     extend_forward_batch,
-    kv_slots,
 )
 from faser_sglang.tensors import device_tensor
 
@@ -103,41 +103,34 @@ class ChunkForward:
         *,
         last_only: bool,
         max_pieces: int = 1,
+        tokens: Optional[ChunkTokens] = None,  # ChunkTokens.of(batch, rows, starts, lens) if the caller has it
     ) -> torch.Tensor:
         """Logits of the fed tokens: [sum(lens), V], or [n, V] for each row's last token.
         With ``last_only``, up to ``max_pieces`` decode-row forwards may feed them."""
         total = sum(lens)
-        device = batch.seq_lens.device
         self.graphed = True  # until a forward of this chunk runs eagerly
-        sel: Optional[RowSelection] = None if len(rows) == len(batch.reqs) else RowSelection.of(rows, device)
-        pool_rows = batch.req_pool_indices if sel is None else batch.req_pool_indices[sel.rows]
-        out_cache_loc = kv_slots(
-            self.req_to_token_pool.req_to_token,
-            pool_rows,
-            device_tensor(starts, device),
-            device_tensor(lens, device),
-            total=total,
-        )
+        if tokens is None:
+            tokens = ChunkTokens.of(batch, rows, starts, lens)
+        out_cache_loc = tokens.kv_slots(self.req_to_token_pool.req_to_token)  # [total]
         if last_only and self.uses_decode_rows(total, max_pieces):
-            return self._last_logits_in_pieces(batch, rows, starts, lens, input_ids, out_cache_loc)
+            return self._last_logits_in_pieces(batch, rows, starts, lens, tokens, input_ids, out_cache_loc)
         if not last_only and self.uses_decode_rows(total):
-            return self._decode_rows(batch, rows, starts, lens, input_ids, out_cache_loc)
+            return self._decode_rows(batch, tokens, input_ids, out_cache_loc)
+        sel = None if len(rows) == len(batch.reqs) else RowSelection.of(rows, batch.seq_lens.device)
         return self._extend(batch, sel, starts, lens, input_ids, out_cache_loc, last_only)
 
-    def _last_logits_in_pieces(self, batch, rows, starts, lens, input_ids, out_cache_loc) -> torch.Tensor:
+    def _last_logits_in_pieces(self, batch, rows, starts, lens, tokens, input_ids, out_cache_loc) -> torch.Tensor:
         """[n, V] each row's last logits, feeding the tokens in ``pieces`` of decode rows
         (one piece when they fit one forward)."""
         row_end = {row: start + n for row, start, n in zip(rows, starts, lens)}  # rows are distinct
         out: list[torch.Tensor] = []
         offset = 0
         for piece in pieces(rows, starts, lens, self.row_limit()):
-            p_rows, p_starts, p_lens = (list(c) for c in zip(*piece))
+            p_lens = [n for _, _, n in piece]
             n = sum(p_lens)
             logits = self._decode_rows(
                 batch,
-                p_rows,
-                p_starts,
-                p_lens,
+                tokens.piece(offset, n),
                 input_ids[offset : offset + n],
                 out_cache_loc[offset : offset + n],
             )  # [n, V]
@@ -149,19 +142,17 @@ class ChunkForward:
             offset += n
         return out[0] if len(out) == 1 else torch.cat(out)
 
-    def _decode_rows(self, batch, rows, starts, lens, input_ids, out_cache_loc) -> torch.Tensor:
-        token_rows: list[int] = []
-        seq_lens: list[int] = []
-        for row, start, n in zip(rows, starts, lens):
-            token_rows.extend([row] * n)
-            seq_lens.extend(range(start + 1, start + n + 1))
+    def _decode_rows(self, batch, tokens: ChunkTokens, input_ids, out_cache_loc) -> torch.Tensor:
+        """[len(tokens), V] logits of one decode row per token."""
+        seq_lens_cpu, seq_lens = tokens.decode_lengths()
         fb = decode_forward_batch(
             batch,
             self.runner,
-            sel=RowSelection.of(token_rows, batch.seq_lens.device),
+            sel=tokens.selection(),
             input_ids=input_ids,
-            seq_lens_cpu=seq_lens,
+            seq_lens_cpu=seq_lens_cpu,
             out_cache_loc=out_cache_loc,
+            seq_lens=seq_lens,
         )
         return self._forward(fb).next_token_logits
 

@@ -34,7 +34,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 
 from faser_sglang.layout import RaggedLayout
 from faser_sglang.metrics import annotate
-from faser_sglang.spec_worker.batch_views import RowSelection, decode_forward_batch
+from faser_sglang.spec_worker.batch_views import ChunkTokens, decode_forward_batch
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft_chain import MAX_FORCED_GAP, DraftChains
 from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES
@@ -201,15 +201,11 @@ class DraftPhase:
         logits [len(active), V], and the forwards that took."""
         starts = [draft_kv_lens[i] for i in active]
         lens = [seq_lens[i] + 1 - draft_kv_lens[i] for i in active]  # committed gap + bonus
-        rows: list[int] = []
-        positions: list[int] = []
-        for i, start, n in zip(active, starts, lens):
-            rows.extend([batch.reqs[i].req_pool_idx] * n)
-            positions.extend(range(start, start + n))
-        input_ids = history.gather(rows, positions)  # [sum(lens)]
+        tokens = ChunkTokens.of(batch, active, starts, lens)
         logits = self.chunks.logits(
-            batch, active, starts, lens, input_ids, last_only=True, max_pieces=MAX_CATCHUP_PIECES
-        )
+            batch, active, starts, lens, history.at(tokens), last_only=True, max_pieces=MAX_CATCHUP_PIECES,
+            tokens=tokens,
+        )  # fmt: skip
         return logits, self.chunks.forwards(sum(lens), MAX_CATCHUP_PIECES)
 
     def _decode(
@@ -220,19 +216,16 @@ class DraftPhase:
         offset: int,
         input_ids: torch.Tensor,  # [len(rows)]
     ) -> torch.Tensor:
-        device = batch.seq_lens.device
-        sel = RowSelection.of(rows, device)
-        positions = device_tensor([seq_lens[i] + offset for i in rows], device)
-        out_cache_loc = self.req_to_token_pool.req_to_token[
-            batch.req_pool_indices[sel.rows], positions
-        ].to(torch.int64)
+        tokens = ChunkTokens.of(batch, rows, [seq_lens[i] + offset for i in rows], [1] * len(rows))
+        seq_lens_cpu, seq_lens_t = tokens.decode_lengths()
         fb = decode_forward_batch(
             batch,
             self.runner,
-            sel=sel,
+            sel=tokens.selection(),
             input_ids=input_ids,
-            seq_lens_cpu=[seq_lens[i] + offset + 1 for i in rows],
-            out_cache_loc=out_cache_loc,
+            seq_lens_cpu=seq_lens_cpu,
+            out_cache_loc=tokens.kv_slots(self.req_to_token_pool.req_to_token),
+            seq_lens=seq_lens_t,
         )
         return self.runner.forward(fb).logits_output.next_token_logits
 

@@ -53,6 +53,7 @@ from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.utils import get_cuda_graph_max_batch_size
 
 from faser_sglang.spec_worker.chain_backends import ChainBackends
+from faser_sglang.tensors import device_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -153,9 +154,10 @@ class DraftChains:
         n = len(starts)
         device = forced.device
         self.forced[:n, : forced.shape[1]].copy_(forced)
-        self.gaps[:n].copy_(torch.tensor(list(gaps), dtype=torch.int64), non_blocking=True)
         fed_cpu = torch.tensor(list(starts), dtype=torch.int64)  # [n]
-        fed = fed_cpu.to(device, non_blocking=True)
+        gaps_fed = device_tensor([*gaps, *starts], device).view(2, n)  # one copy
+        self.gaps[:n].copy_(gaps_fed[0])
+        fed = gaps_fed[1]
         positions = fed.unsqueeze(1) + torch.arange(forwards + 1, device=device)  # [n, M + 1]
         locs = self.req_to_token[req_pool_indices.unsqueeze(1), positions].to(torch.int64)
         fb = ForwardBatch(

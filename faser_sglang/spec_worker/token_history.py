@@ -28,6 +28,7 @@ from typing import Sequence
 import torch
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 
+from faser_sglang.spec_worker.batch_views import ChunkTokens
 from faser_sglang.tensors import device_tensor
 
 
@@ -75,5 +76,9 @@ class TokenHistory:
 
     def gather(self, pool_rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """[n] int64: the tokens at (pool_rows[j], positions[j])."""
-        device = self.ids.device
-        return self.ids[device_tensor(pool_rows, device), device_tensor(positions, device)].to(torch.int64)
+        index = device_tensor([*pool_rows, *positions], self.ids.device).view(2, len(pool_rows))  # one copy
+        return self.ids[index[0], index[1]].to(torch.int64)
+
+    def at(self, tokens: ChunkTokens) -> torch.Tensor:
+        """[len(tokens)] int64: the tokens of a chunk, from its device indices."""
+        return self.ids[tokens.packed[2], tokens.packed[1]].to(torch.int64)
