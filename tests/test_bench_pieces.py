@@ -373,6 +373,26 @@ def test_faser_ad_variant_replaces_config_keys_and_rejects_typos(tmp_path):
         servers.contender("faser-ad@eager", "D", 7, faser_ad_config=str(base))
 
 
+def test_contenders_take_server_flags_of_their_own(tmp_path):
+    from faser_sglang.bench import servers
+
+    base = tmp_path / "faser-ad.json"
+    base.write_text(json.dumps({"policy": "adaptive"}))
+    name = "faser-ad@window=8+speculative-draft-attention-backend=triton+disable-overlap-schedule"
+    c = servers.contender(name, "D", 7, faser_ad_config=str(base))
+    plain = servers.contender("faser-ad", "D", 7, faser_ad_config=str(base))
+    assert c.name == name
+    assert c.args == (*plain.args, "--speculative-draft-attention-backend", "triton", "--disable-overlap-schedule")
+    assert json.loads(Path(c.env["FASER_CONFIG"]).read_text())["window"] == 8
+    assert servers.contender("standalone-k3+cuda-graph-max-bs=8", "D", 7).args[-2:] == ("--cuda-graph-max-bs", "8")
+    steady = servers.steady_contender("faser-k3+speculative-draft-attention-backend=triton", "D", 7, tmp_path)
+    assert steady.args[-2:] == ("--speculative-draft-attention-backend", "triton")
+    assert "FASER_CONFIG" in steady.env
+    for bad in ("faser+--double-dash=1", "faser+Flag=1", "faser+flag="):
+        with pytest.raises(ValueError, match="is not a server flag"):
+            servers.contender(bad, "D", 7)
+
+
 def test_launch_retries_on_a_port_taken_in_between(monkeypatch, tmp_path):
     """A port picked free can be taken before the server binds it (another server
     starting at the same time); the server then logs it and hangs unready. The launch

@@ -45,6 +45,13 @@ def test_unsupported_attention_backend(tiny_models):
     assert "flashinfer" in log
 
 
+def test_unsupported_draft_attention_backend(tiny_models):
+    args = ("--speculative-draft-attention-backend", "torch_native")
+    log = _refused(tiny_models.target, *_faser(tiny_models.draft), *args)
+    assert "FASER does not support --speculative-draft-attention-backend torch_native" in log
+    assert "target's backend" in log
+
+
 def test_deterministic_inference_refused(tiny_models):
     # triton: a backend SGLang accepts for deterministic inference (it refuses the CPU
     # default intel_amx itself, before FASER's check runs).

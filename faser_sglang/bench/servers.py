@@ -87,7 +87,12 @@ def contender(
     (FASER with the adaptive policy's config), faser-ad-sync (the same on SGLang's
     synchronous schedule, ``--disable-overlap-schedule``) or a faser-ad variant,
     ``faser-ad@KEY=VALUE[,KEY=VALUE...]``: the faser-ad config with those keys
-    replaced (``variant_config``), so one run can A/B a FASER setting side by side."""
+    replaced (``variant_config``), so one run can A/B a FASER setting side by side.
+    Any of them may end in server flags of its own, ``+FLAG[=VALUE]`` each
+    (``with_flags``)."""
+    base, flags = split_flags(name)
+    if flags:
+        return with_flags(name, contender(base, draft, k_max, faser_config, faser_ad_config), flags)
     if name == "no-spec":
         return no_spec()
     if name == CONTROL:
@@ -109,6 +114,30 @@ def contender(
 
 
 VARIANT_SEP = "@"
+FLAG_SEP = "+"
+
+
+def split_flags(name: str) -> tuple[str, list[str]]:
+    """A contender name's base and its server flags: "faser-ad+speculative-draft-attention-backend=triton"
+    -> ("faser-ad", ["speculative-draft-attention-backend=triton"])."""
+    base, *flags = name.split(FLAG_SEP)
+    return base, flags
+
+
+def with_flags(name: str, base: Contender, flags: Sequence[str]) -> Contender:
+    """``base`` served with extra launcher flags, "FLAG=VALUE" -> --FLAG VALUE and
+    "FLAG" -> --FLAG, after its own (SGLang takes the last value of a repeated flag),
+    under the full ``name``."""
+    args: list[str] = []
+    for flag in flags:
+        key, eq, value = flag.partition("=")
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", key) or (eq and not value):
+            raise ValueError(
+                f"contender {name!r}: {flag!r} is not a server flag FLAG or FLAG=VALUE "
+                "(e.g. faser-ad+speculative-draft-attention-backend=triton)"
+            )
+        args.extend((f"--{key}", value) if eq else (f"--{key}",))
+    return Contender(name, (*base.args, *args), base.env)
 
 
 def steady_contender(
@@ -122,7 +151,11 @@ def steady_contender(
       overhead), on the overlap or the synchronous loop;
     - ``faser-k<K>[@KEY=VALUE,...]``: policy ``fixed``, every request drafts K tokens
       every step (the drafting path), with those config keys replaced.
-    Configs these need are written to ``config_dir``."""
+    Configs these need are written to ``config_dir``. Server flags end any of them as
+    in ``contender``."""
+    base, flags = split_flags(name)
+    if flags:
+        return with_flags(name, steady_contender(base, draft, k_max, config_dir, faser_ad_config), flags)
     if name == "no-spec-sync":
         return Contender(name, ("--disable-overlap-schedule",))
     if name in ("faser-k0", "faser-k0-sync"):

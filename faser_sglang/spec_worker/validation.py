@@ -53,6 +53,13 @@ def validate_server_args(server_args) -> None:
                 f"runs on {SUPPORTED_ATTENTION_BACKENDS}. Pass --attention-backend "
                 "flashinfer (or triton)."
             )
+    draft_backend = getattr(server_args, "speculative_draft_attention_backend", None)
+    if draft_backend is not None and draft_backend not in SUPPORTED_ATTENTION_BACKENDS:
+        raise ValueError(
+            f"FASER does not support --speculative-draft-attention-backend {draft_backend}: the "
+            f"draft's catch-up runs the same forwards as the verify, on {SUPPORTED_ATTENTION_BACKENDS}. "
+            "Pass one of those, or leave the flag out to use the target's backend."
+        )
     if server_args.enable_dp_attention:
         raise ValueError("FASER does not support --enable-dp-attention yet; remove the flag.")
     if server_args.pp_size != 1:

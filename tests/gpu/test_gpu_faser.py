@@ -57,8 +57,11 @@ VARIANTS = {
     # Lazy draft prefill: the draft reads each prompt at the request's first draft
     # (its catch-up feeds the whole sequence) instead of at the prefill.
     "flashinfer-bf16-graphs-lazy": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
+    # The draft (its catch-ups and chains) on Triton, the target on FlashInfer.
+    "flashinfer-bf16-graphs-draft-triton": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
 }  # fmt: skip
 CONFIGS = {"flashinfer-bf16-graphs-lazy": {"draft_prefill": "lazy"}}  # FASER config per variant
+FASER_FLAGS = {"flashinfer-bf16-graphs-draft-triton": ("--speculative-draft-attention-backend", "triton")}
 PROMPTS = [
     "def foo(x):",
     "import os\n",
@@ -179,6 +182,7 @@ def test_greedy_equals_no_spec(variant, gpu_models, logit_ulp, tmp_path):
         "--speculative-algorithm", "FASER",
         "--speculative-draft-model-path", str(gpu_models.draft),
         "--speculative-num-steps", str(K_MAX),
+        *FASER_FLAGS.get(variant, ()),
     )  # fmt: skip
     with launch(gpu_models.target, flags) as server:
         ref = _reference(server.base_url, prompt_ids)
@@ -249,6 +253,7 @@ def test_tp2_greedy_equals_no_spec(policy, gpu_models, logit_ulp, tmp_path):
         ("flashinfer-bf16-graphs", "random", None),
         ("flashinfer-bf16-graphs", "random", 8),
         ("triton-bf16-graphs", "random", None),
+        ("flashinfer-bf16-graphs-draft-triton", "random", None),
     ],
 )
 def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_models, tmp_path):
@@ -268,6 +273,7 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
         "--speculative-draft-model-path", str(gpu_models.identity),
         "--speculative-num-steps", str(K_MAX),
         *(() if graph_bs is None else ("--cuda-graph-max-bs", str(graph_bs))),
+        *FASER_FLAGS.get(variant, ()),
     )  # fmt: skip
     with launch(gpu_models.identity, args, env=env) as server:
         outs = _generate_all(
