@@ -53,6 +53,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--long-batch-sizes", default="1,4,16,32", help="long-context batch sizes ('' for none)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--attention-backend", default="flashinfer")
+    p.add_argument("--draft-attention-backend", default=None, help="the draft's own backend, if not the target's")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--gpu-name", default=None, help="key's GPU name (default: torch.cuda.get_device_name(0))")
     p.add_argument("--server-args", default="", help="extra sglang.launch_server flags, one string")
@@ -114,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> CostModel:
     server_flags = [
         *contender.args,
         "--attention-backend", args.attention_backend,
+        *(("--speculative-draft-attention-backend", args.draft_attention_backend) if args.draft_attention_backend else ()),
         "--dtype", args.dtype,
         "--max-running-requests", str(max(bs for _, bs in plan)),
         *shlex.split(args.server_args),
@@ -129,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> CostModel:
 
     samples = [StepSample.from_trace_record(json.loads(line)) for line in _trace_lines(trace)[warmup_steps:]]
     model = fit(samples, holdout_fraction=args.holdout, seed=args.seed)
-    key = CostKey.of(gpu, args.target, args.draft, args.attention_backend, args.dtype)
+    key = CostKey.of(gpu, args.target, args.draft, args.attention_backend, args.dtype, args.draft_attention_backend)
     write_cost_entry(args.out, key, model)
     phased = all(s.draft_seconds is not None for s in samples if any(s.draft_lens))
     phases = "draft and verify fitted apart" if phased else "joint fit: trace has no draft_seconds"

@@ -975,6 +975,11 @@ def test_deployment_from_runners_with_fake_sglang_objects():
     assert dep.key.attention_backend == "flashinfer" and dep.key.dtype == "bfloat16"
     assert dep.draft_dtype == "torch.bfloat16"
     assert ModelShape.from_config(dep.target_config, dep.key.dtype) == ModelShape.from_config(TARGET_CONFIG, "bfloat16")
+    # A draft on a backend of its own has costs of its own.
+    args.speculative_draft_attention_backend = "triton"
+    assert deployment_from_runners(args, target, runner(DRAFT_CONFIG)).key.attention_backend == "flashinfer/draft:triton"
+    args.speculative_draft_attention_backend = "flashinfer"
+    assert deployment_from_runners(args, target, runner(DRAFT_CONFIG)).key.attention_backend == "flashinfer"
 
 
 def test_step_context():

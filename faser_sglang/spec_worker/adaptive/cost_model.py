@@ -468,9 +468,21 @@ class CostKey:
     dtype: str
 
     @classmethod
-    def of(cls, gpu: str, target: str, draft: str, attention_backend: str, dtype: Any) -> "CostKey":
+    def of(
+        cls,
+        gpu: str,
+        target: str,
+        draft: str,
+        attention_backend: str,
+        dtype: Any,
+        draft_attention_backend: Optional[str] = None,
+    ) -> "CostKey":
         """Normalised: models by their last path component (a local copy of
-        ``org/Model`` matches ``/data/Model``), dtype without a ``torch.`` prefix."""
+        ``org/Model`` matches ``/data/Model``), dtype without a ``torch.`` prefix, and a
+        draft on a backend of its own (``--speculative-draft-attention-backend``) named
+        after the target's, "flashinfer/draft:triton": its draft costs differ."""
+        if draft_attention_backend not in (None, attention_backend):
+            attention_backend = f"{attention_backend}/draft:{draft_attention_backend}"
         return cls(
             gpu=gpu,
             target=_model_name(target),

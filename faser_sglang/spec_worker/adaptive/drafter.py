@@ -73,6 +73,7 @@ def deployment_from_runners(server_args: Any, target_runner: Any, draft_runner: 
             draft=server_args.speculative_draft_model_path,
             attention_backend=backend,
             dtype=target_runner.model_config.dtype,
+            draft_attention_backend=getattr(server_args, "speculative_draft_attention_backend", None),
         ),
         target_config=target_runner.model_config.hf_text_config,
         draft_config=draft_runner.model_config.hf_text_config,
