@@ -269,6 +269,31 @@ def test_a_chain_runs_every_drafting_row_to_the_longest_draft():
     assert chained == [True, True, False, False] and not StepSample.from_trace_record(record).chained
 
 
+def test_a_lagging_drafting_row_lengthens_its_chain_by_a_step():
+    """A drafting row whose draft KV lags its committed length (catch-up of 2 or more
+    tokens) costs a chain one forward more, with every drafting row in it; a chain of
+    one step (m = 1, the catch-up alone) and a loop do not pay it."""
+    k, seq = (3, 1, 0), (100, 200, 300)
+    model = CostModel(DraftCost(1.0, 10.0, 100.0, 0.0, 0.0), KNOWN.verify, "synthetic")
+    steady, lagging, idle_lags = (1, 1, 1), (1, 2, 1), (1, 1, 5)  # the third row does not draft
+    assert model.draft_time(k, seq, steady, chained=True) == 1.0 + 2 * 10.0 + 2 * 2 * 100.0
+    assert model.draft_time(k, seq, lagging, chained=True) == 1.0 + 3 * 10.0 + 2 * 3 * 100.0
+    assert model.draft_time(k, seq, idle_lags, chained=True) == model.draft_time(k, seq, steady, chained=True)
+    assert model.draft_time(k, seq, lagging) == model.draft_time(k, seq, steady)  # a loop: no chain
+    assert model.draft_time((1, 1, 0), seq, lagging, chained=True) == 1.0 + 0.0  # m = 1: no chain
+
+
+def test_allocator_prices_the_step_a_lagging_request_adds_to_a_chain():
+    """A weak request rides a strong one's chain for its verify tokens alone, unless its
+    draft KV lags: then drafting it lengthens the chain by a step, and it is left out."""
+    model = cost(verify_fixed=10e-3, verify_token=0.2e-3, forward=1e-3)
+    gains, seq = constant_gains([0.9, 0.3], 3), np.full(2, 500)
+    assert allocate(gains, seq, np.array([1.0, 1.0]), model, chained=True).draft_lens == (3, 2)
+    lagging = allocate(gains, seq, np.array([1.0, 2.0]), model, chained=True)
+    assert lagging.draft_lens == (3, 0)
+    assert lagging.step_seconds == pytest.approx(model.step_time((3, 0), seq, (1, 2), chained=True))
+
+
 def test_fit_recovers_coefficients_from_chained_and_looped_steps():
     """A profile of a chain server holds chained steps (greedy) and looped ones (sampled);
     the fit prices each as it ran, and predicts both."""

@@ -29,7 +29,9 @@ runs to the deepest draft, ``cost_model``), an item at j > 0 has no draft cost o
 own; instead every drafting request pays a DECODE row per step of the chain, so the
 step's draft rows cost (deepest - 1) times the row prices of the requests drafting so
 far, which the exact evaluation adds (and which, like the forwards, never falls when
-an item is added).
+an item is added). A chain of two or more steps runs one step more once a request
+whose draft KV lags its committed length drafts (cost_model.chain_lags): one more
+decode forward and one more row per drafting request, also never falling.
 Adding an item with gain g and cost c raises R = S / T iff g / c > R, so items are
 offered best first by marginal efficiency g / (c + v_1): the order in which
 single-position greedy would add them. Within a request the order is kept a prefix
@@ -156,12 +158,19 @@ def allocate(
     own[:] = 0.0 if chained else row[:, None]
     own[:, 0] = d.catchup_token * np.asarray(catchup, np.float64) + d.context_row_step * seq_lens
     chain_rows = row if chained else np.zeros(bs)  # [bs] per chain step, once the request drafts
+    # [bs] 1 where a request's draft KV lags its committed length: drafting it costs a
+    # chain one step more (cost_model.chain_lags), priced as a decode forward.
+    lags = (np.asarray(catchup, np.float64) >= STEADY_CATCHUP).astype(np.float64)
+    lag_forward = d.decode_forward if chained else 0.0
     if not _any_draft_can_pay(gains, own, chain_rows, verify, forward, max_drafts, no_draft.tokens_per_second):
         return no_draft
     # [bs, K] with the first verify token's price; floored so a free item ranks first
     # instead of dividing by zero (a fit may price some features at exactly 0).
     priced = np.maximum(own + (verify[1] - verify[0]), MIN_ITEM_SECONDS)
-    walk = _Walk(gains, own, chain_rows, verify, forward, d.extend_forward, pieces, max_drafts, _ceilings(gains, priced))
+    walk = _Walk(
+        gains, own, chain_rows, lags, lag_forward, verify, forward, d.extend_forward, pieces, max_drafts,
+        _ceilings(gains, priced),
+    )  # fmt: skip
     best = walk.best(priced, no_draft)
     if pieces is not None:
         # Catch-up forwards are a step function of the drafting requests' tokens, which
@@ -181,6 +190,8 @@ class _Walk:
     gains: np.ndarray  # [bs, K]
     own: np.ndarray  # [bs, K] item's own draft cost
     chain_rows: np.ndarray  # [bs] a drafting request's row per chain step (zeros without a chain)
+    lags: np.ndarray  # [bs] 1.0 where drafting the request lengthens a chain by a step
+    lag_forward: float  # seconds of that step's forward (0 without a chain)
     verify: np.ndarray  # [M+1] verify seconds with 0..M extra tokens
     forward: np.ndarray  # [K+1] draft forwards' seconds when the deepest draft is 0..K
     catchup_forward: float  # seconds per catch-up forward
@@ -204,7 +215,8 @@ class _Walk:
             piece_tokens = pieces.piece_tokens
         lens = np.zeros(bs, np.int64)
         found, tokens, seconds = _walk_kernel(
-            self.gains, self.own, self.chain_rows, self.verify, self.forward, _ranking_key(self.gains, priced),
+            self.gains, self.own, self.chain_rows, self.lags, self.lag_forward, self.verify, self.forward,
+            _ranking_key(self.gains, priced),
             np.ascontiguousarray(self.ceiling, np.float64), NO_CAP if self.max_drafts is None else self.max_drafts,
             steady, total, backlog_rate, piece_tokens, self.catchup_forward, best.tokens_per_second, lens,
         )  # fmt: skip
@@ -218,6 +230,8 @@ def _walk_kernel(
     gains: np.ndarray,  # [bs, K]
     own: np.ndarray,  # [bs, K]
     chain_rows: np.ndarray,  # [bs]
+    lags: np.ndarray,  # [bs]
+    lag_forward: float,
     verify: np.ndarray,  # [M+1]
     forward: np.ndarray,  # [K+1]
     key: np.ndarray,  # [bs, K] ranking key (_ranking_key)
@@ -254,7 +268,7 @@ def _walk_kernel(
     # to be no faster than the best rate; it is whenever the plain decode is cheaper
     # than that verify (cost files fitted with the tied plain term). At high load most
     # items go. Ceilings are non-increasing along j: requests keep prefixes. Chain rows
-    # only add to an item's marginal cost.
+    # and a lagging request's chain step only add to an item's marginal cost.
     prune = bs / verify[0] <= best_rate
     order = np.empty(m_all, np.int64)
     n = 0
@@ -265,7 +279,7 @@ def _walk_kernel(
             n += 1
     top_rate, top_cap, top_last, top_tokens, top_seconds = -np.inf, 0, 0, 0.0, 0.0
     for cap in range(1, k_max + 1):
-        tokens, own_sum, count, deepest, rows_sum = float(bs), 0.0, 0, 0, 0.0
+        tokens, own_sum, count, deepest, rows_sum, lagging = float(bs), 0.0, 0, 0, 0.0, False
         steady_sum, total_sum, rate_max = 0.0, 0.0, 0.0
         for m in range(n):
             i, j = order[m] % bs, order[m] // bs
@@ -278,8 +292,11 @@ def _walk_kernel(
             own_sum += own[i, j]
             if j == 0:
                 rows_sum += chain_rows[i]
+                lagging = lagging or lags[i] > 0
             deepest = max(deepest, j + 1)
             seconds = own_sum + verify[count] + forward[deepest] + rows_sum * (deepest - 1)
+            if lagging and deepest > 1:  # the chain's step for a lagging request, every row in it
+                seconds += lag_forward + rows_sum
             if piece_tokens > 0:  # catch-up forwards beyond the first
                 if j == 0:  # the request's first item brings its catch-up tokens
                     steady_sum += steady[i]

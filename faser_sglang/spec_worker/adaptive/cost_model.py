@@ -37,8 +37,10 @@ step. The trace says which way each profiled step ran (``draft_steps``), so one 
 serves both. When no drafting row lags its committed length by more than
 MAX_FORCED_GAP tokens, the chain feeds the catch-up itself (draft.py): the catch-up
 forward priced as F = 1 is then the chain's first forward, which a profile of such
-steps fits at what it costs; a step in which some row lags one token runs one chain
-forward more than priced.
+steps fits at what it costs. When some drafting row lags (c_i >= STEADY_CATCHUP), a
+chain of m > 1 runs one forward more, priced as one more decode forward with every
+drafting row in it (m -> m + 1 above): the chain feeds that row's committed token
+before its bonus token, or a longer lag takes a catch-up forward of its own.
 
 A step in which nobody drafts is not a verify: the worker runs it as a plain decode
 through SGLang's own model worker (``VerifyPhase.plain_decode``), which costs less
@@ -93,7 +95,7 @@ from faser_sglang.spec_worker.adaptive.hardware import (
     GpuSpec,
     ModelShape,
 )
-from faser_sglang.spec_worker.policy import catchup_forwards
+from faser_sglang.spec_worker.policy import STEADY_CATCHUP, catchup_forwards
 
 FILE_FORMAT = 3
 # Older formats still load, with a warning to re-profile (OLDER_FORMATS says why).
@@ -376,7 +378,9 @@ def _draft_features(
     k = np.asarray(draft_lens, np.float64)
     m = k.max(initial=0.0)
     forwards = catchup_forwards(_catchup_total(draft_lens, catchup), piece_tokens) if m > 0 else 0
-    if chained:  # every drafting row runs to m
+    if chained:  # every drafting row runs to m, one step further when one of them lags
+        if m > 1 and chain_lags(draft_lens, catchup):
+            m += 1
         k = np.where(k > 0, m, 0.0)
     return np.array(
         [
@@ -387,6 +391,14 @@ def _draft_features(
             float(np.dot(k, np.asarray(seq_lens, np.float64))),
         ]
     )
+
+
+def chain_lags(draft_lens: Sequence[int], catchup: Sequence[float]) -> bool:
+    """Whether a drafting row's catch-up feeds a committed token before its bonus token
+    (c_i >= STEADY_CATCHUP: its draft KV lags its committed length), which costs a
+    chain one forward more: the chain feeds that token itself (draft.py), or, past
+    MAX_FORCED_GAP, a catch-up forward of its own does."""
+    return any(k > 0 and c >= STEADY_CATCHUP for k, c in zip(draft_lens, catchup))
 
 
 def _verify_features(
