@@ -47,7 +47,8 @@ excess from the simulated step times and prices it (adaptive/calibration.py).
 
 --chained prices (and has the policy choose for) draft steps run as one chain, as a
 server with ``draft_chain`` runs greedy requests: every drafting request runs to the
-step's longest draft (cost_model.py).
+step's longest draft, one step more when one of them lags (cost_model.py), and its
+draft KV then covers min(L + that longest draft, the new committed length).
 
 --oracle hands the policy every request's true per-position acceptance (shift included)
 in place of its acceptance windows: the same allocator with perfect estimates, so its
@@ -169,12 +170,14 @@ class SimulatedServer:
             drafts=sum(lengths),
             requests=len(rids),
         )
+        deepest = max(lengths, default=0)
         for rid, k, a in zip(rids, lengths, accepted):
             state = live[rid]
             if k:
-                # Caught up and fed its drafts but the last: min(L + k, new committed length)
-                # (draft.py, FaserDraftState.draft_kv_lens).
-                state[1] = state[0] + min(k, a + 1)
+                # Caught up and fed its drafts but the last: min(L + k, new committed length),
+                # in a chain every drafting row's to the deepest (draft.py, FaserDraftState.draft_kv_lens).
+                fed = deepest if self.chained and deepest > 1 else k
+                state[1] = state[0] + min(fed, a + 1)
             state[0] += a + 1
             state[2] -= a + 1
             if state[2] <= 0:

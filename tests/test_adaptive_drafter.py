@@ -294,6 +294,21 @@ def test_allocator_prices_the_step_a_lagging_request_adds_to_a_chain():
     assert lagging.step_seconds == pytest.approx(model.step_time((3, 0), seq, (1, 2), chained=True))
 
 
+def test_a_resuming_request_is_charged_its_lag_step_over_its_horizon():
+    """A lag of one token (after accepting every draft) recurs and is charged in full;
+    a backlog's lag (a request resuming after plain steps) is paid once, so a step is
+    charged 1/horizon of it, as of the backlog's tokens."""
+    assert drafter.lag_weights(np.array([1.0, 2.0, 9.0]), 16.0).tolist() == [0.0, 1.0, 0.0625]
+    assert drafter.lag_weights(np.array([9.0, 9.0]), np.array([4.0, 1.0])).tolist() == [0.25, 1.0]
+    model = cost(verify_fixed=10e-3, verify_token=0.2e-3, forward=1e-3, row=0.1e-3)
+    gains, seq, catchup = constant_gains([0.9, 0.9], 3), np.full(2, 500), np.array([1.0, 9.0])
+    full = allocate(gains, seq, catchup, model, chained=True)
+    quarter = allocate(gains, seq, catchup, model, chained=True, lag_weights=np.array([0.0, 0.25]))
+    assert full.draft_lens == quarter.draft_lens == (3, 3)
+    step = 1e-3 + 2 * 0.1e-3  # the lag's decode forward and a row per drafting request
+    assert full.step_seconds - quarter.step_seconds == pytest.approx(0.75 * step)
+
+
 def test_fit_recovers_coefficients_from_chained_and_looped_steps():
     """A profile of a chain server holds chained steps (greedy) and looped ones (sampled);
     the fit prices each as it ran, and predicts both."""

@@ -31,7 +31,9 @@ step's draft rows cost (deepest - 1) times the row prices of the requests drafti
 far, which the exact evaluation adds (and which, like the forwards, never falls when
 an item is added). A chain of two or more steps runs one step more once a request
 whose draft KV lags its committed length drafts (cost_model.chain_lags): one more
-decode forward and one more row per drafting request, also never falling.
+decode forward and one more row per drafting request, charged in the share the
+largest ``lag_weights`` of the drafting requests says (all of it by default; the
+drafter charges a backlog's over its horizon), also never falling.
 Adding an item with gain g and cost c raises R = S / T iff g / c > R, so items are
 offered best first by marginal efficiency g / (c + v_1): the order in which
 single-position greedy would add them. Within a request the order is kept a prefix
@@ -136,6 +138,7 @@ def allocate(
     pieces: Optional[CatchupPieces] = None,  # None: a catch-up is one forward
     drafting_overhead: float = 0.0,  # seconds any drafting step adds beyond ``cost`` (calibration.py)
     chained: bool = False,  # the draft forwards run as one chain: every drafting row runs to the deepest
+    lag_weights: Optional[np.ndarray] = None,  # [bs] share of a lagging request's chain step charged (drafter.lag_weights)
 ) -> Allocation:
     """Draft lengths maximising expected tokens per second (see the module docstring).
 
@@ -158,9 +161,11 @@ def allocate(
     own[:] = 0.0 if chained else row[:, None]
     own[:, 0] = d.catchup_token * np.asarray(catchup, np.float64) + d.context_row_step * seq_lens
     chain_rows = row if chained else np.zeros(bs)  # [bs] per chain step, once the request drafts
-    # [bs] 1 where a request's draft KV lags its committed length: drafting it costs a
-    # chain one step more (cost_model.chain_lags), priced as a decode forward.
+    # [bs] share of the chain step a request whose draft KV lags its committed length
+    # adds (cost_model.chain_lags) that the step is charged; all of it by default.
     lags = (np.asarray(catchup, np.float64) >= STEADY_CATCHUP).astype(np.float64)
+    if lag_weights is not None:
+        lags = np.ascontiguousarray(lag_weights, np.float64)
     lag_forward = d.decode_forward if chained else 0.0
     if not _any_draft_can_pay(gains, own, chain_rows, verify, forward, max_drafts, no_draft.tokens_per_second):
         return no_draft
@@ -190,7 +195,7 @@ class _Walk:
     gains: np.ndarray  # [bs, K]
     own: np.ndarray  # [bs, K] item's own draft cost
     chain_rows: np.ndarray  # [bs] a drafting request's row per chain step (zeros without a chain)
-    lags: np.ndarray  # [bs] 1.0 where drafting the request lengthens a chain by a step
+    lags: np.ndarray  # [bs] share of a chain step charged when the request drafts (0: none)
     lag_forward: float  # seconds of that step's forward (0 without a chain)
     verify: np.ndarray  # [M+1] verify seconds with 0..M extra tokens
     forward: np.ndarray  # [K+1] draft forwards' seconds when the deepest draft is 0..K
@@ -279,7 +284,7 @@ def _walk_kernel(
             n += 1
     top_rate, top_cap, top_last, top_tokens, top_seconds = -np.inf, 0, 0, 0.0, 0.0
     for cap in range(1, k_max + 1):
-        tokens, own_sum, count, deepest, rows_sum, lagging = float(bs), 0.0, 0, 0, 0.0, False
+        tokens, own_sum, count, deepest, rows_sum, lag = float(bs), 0.0, 0, 0, 0.0, 0.0
         steady_sum, total_sum, rate_max = 0.0, 0.0, 0.0
         for m in range(n):
             i, j = order[m] % bs, order[m] // bs
@@ -292,11 +297,11 @@ def _walk_kernel(
             own_sum += own[i, j]
             if j == 0:
                 rows_sum += chain_rows[i]
-                lagging = lagging or lags[i] > 0
+                lag = max(lag, lags[i])
             deepest = max(deepest, j + 1)
             seconds = own_sum + verify[count] + forward[deepest] + rows_sum * (deepest - 1)
-            if lagging and deepest > 1:  # the chain's step for a lagging request, every row in it
-                seconds += lag_forward + rows_sum
+            if deepest > 1:  # the chain's step for a lagging request, every drafting row in it
+                seconds += lag * (lag_forward + rows_sum)
             if piece_tokens > 0:  # catch-up forwards beyond the first
                 if j == 0:  # the request's first item brings its catch-up tokens
                     steady_sum += steady[i]

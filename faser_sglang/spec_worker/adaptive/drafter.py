@@ -175,6 +175,7 @@ class AdaptiveDrafterPolicy:
             pieces=pieces,
             drafting_overhead=0.0 if self.overhead is None else self.overhead.seconds,
             chained=context.chained,
+            lag_weights=lag_weights(catchup, horizon),
         )
         return list(allocation.draft_lens)
 
@@ -242,6 +243,19 @@ def charged_catchup(tokens: np.ndarray, horizon: np.ndarray | float) -> np.ndarr
     tokens = np.asarray(tokens, np.float64)
     steady = np.minimum(tokens, STEADY_CATCHUP)
     return steady + (tokens - steady) / horizon
+
+
+def lag_weights(tokens: np.ndarray, horizon: np.ndarray | float) -> np.ndarray:
+    """[bs] share of the chain step a lagging request adds (cost_model.chain_lags) that
+    this step is charged, from its catch-up ``tokens``: all of it for a lag of one
+    token (STEADY_CATCHUP, after a step that accepted every draft: it recurs, step
+    after step), 1/``horizon`` for a backlog (a request resuming after plain steps pays
+    it once, like its backlog's tokens: ``charged_catchup``), none without a lag.
+
+    tokens [1, 2, 9], horizon 16 -> [0, 1, 0.0625]"""
+    tokens = np.asarray(tokens, np.float64)
+    backlog = np.broadcast_to(1.0 / np.asarray(horizon, np.float64), tokens.shape)
+    return np.where(tokens > STEADY_CATCHUP, backlog, (tokens == STEADY_CATCHUP).astype(np.float64))
 
 
 def compile_kernels() -> None:
