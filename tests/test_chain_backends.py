@@ -120,7 +120,21 @@ def test_other_multistep_backends_get_a_backend_per_chain(monkeypatch):
     backends = ChainBackends(None, None, 3)
     assert not backends.shared
     assert [backends.backend(m).speculative_num_steps for m in (1, 2, 3)] == [2, 3, 4]
-    assert built == [4, 2, 3, 4]
+    assert built == [4, 2, 3] and backends.backend(3) is backends.longest
+
+
+def test_subclasses_of_shareable_backends_are_not_shared(monkeypatch):
+    """A subclass (TRT-LLM's of FlashInfer's multi-step backend) may keep per-step state
+    of its own: it gets a backend per chain."""
+    subclass = type("TRTLLMLikeMultiStep", (HostPlannedFlashInfer,), {})
+
+    def build(server_args, draft_runner, steps: int):
+        backend = fake_flashinfer(steps)
+        backend.__class__ = subclass
+        return backend
+
+    monkeypatch.setattr(chain_backends, "draft_backend", build)
+    assert not ChainBackends(None, None, 3).shared
 
 
 def test_reusing_wrappers_leaves_backends_without_them_alone():

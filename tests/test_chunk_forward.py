@@ -145,10 +145,12 @@ def test_last_logits_in_pieces_feed_each_piece_in_order(monkeypatch):
         pieces([0], [0], [1], 0)
 
 
-def fake_batch(pool_rows: list[int]) -> SimpleNamespace:
-    """The ScheduleBatch fields ChunkTokens reads: each request's request-pool row."""
+def fake_batch(pool_rows: list[int], host_copy: bool = True) -> SimpleNamespace:
+    """The ScheduleBatch fields ChunkTokens reads: each request's request-pool row, from
+    SGLang's host copy of req_pool_indices or (without one) from the requests."""
     reqs = [SimpleNamespace(req_pool_idx=r) for r in pool_rows]
-    return SimpleNamespace(reqs=reqs, seq_lens=torch.zeros(len(reqs), dtype=torch.int64))
+    cpu = torch.tensor(pool_rows, dtype=torch.int64) if host_copy else None
+    return SimpleNamespace(reqs=reqs, seq_lens=torch.zeros(len(reqs), dtype=torch.int64), req_pool_indices_cpu=cpu)
 
 
 def test_chunk_tokens_index_each_token_from_host_lists_in_one_copy():
@@ -161,6 +163,9 @@ def test_chunk_tokens_index_each_token_from_host_lists_in_one_copy():
     assert tokens.selection().rows.tolist() == [0, 0, 2]
     lens_cpu, lens = tokens.decode_lengths()
     assert lens_cpu == [11, 12, 5] and lens.tolist() == [11, 12, 5]
+    assert ChunkTokens.of(fake_batch([5, 7, 3], host_copy=False), [0, 2], [10, 4], [2, 1]).packed.tolist() == (
+        tokens.packed.tolist()
+    )
     second = tokens.piece(1, 2)
     assert len(second) == 2 and second.kv_slots(req_to_token).tolist() == [5 * 16 + 11, 3 * 16 + 4]
     with profile(activities=[ProfilerActivity.CPU]) as prof:  # one host-to-device copy: one tensor built

@@ -131,6 +131,15 @@ def decode_forward_batch(
     )
 
 
+def request_pool_rows(batch: ScheduleBatch) -> list[int]:
+    """[bs] each request's request-pool row, from the host: SGLang's host copy of
+    ``req_pool_indices`` (which filtering and merging keep in step with it), else the
+    requests' own ``req_pool_idx``."""
+    if batch.req_pool_indices_cpu is not None:
+        return batch.req_pool_indices_cpu.tolist()
+    return [req.req_pool_idx for req in batch.reqs]
+
+
 @dataclass(frozen=True)
 class ChunkTokens:
     """The tokens of a chunk (chunk_forward.py), rows concatenated, each with its
@@ -152,10 +161,11 @@ class ChunkTokens:
         token_rows: list[int] = []
         positions: list[int] = []
         pool_rows: list[int] = []
+        pool = request_pool_rows(batch)
         for row, start, n in zip(rows, starts, lens):
             token_rows.extend([row] * n)
             positions.extend(range(start, start + n))
-            pool_rows.extend([batch.reqs[row].req_pool_idx] * n)
+            pool_rows.extend([pool[row]] * n)
         packed = device_tensor(token_rows + positions + pool_rows, batch.seq_lens.device)
         return cls(tuple(token_rows), tuple(positions), packed.view(3, len(token_rows)))
 

@@ -9,14 +9,19 @@ chain for each M in 1..K_max + MAX_FORCED_GAP. With a backend each, their attent
 state would grow with the sum of the lengths: under CUDA graphs, per forward and per
 captured batch size a FlashInfer plan wrapper (8 MiB of device workspace and 8 MiB of
 pinned host memory each), and per step a KV-index row of max_bs x context length
-entries. At K_max = 7 and the 35 batch sizes SGLang captures up to 128 rows that is
-36 x 35 = 1260 wrappers (about 9.8 GiB of device and 9.8 GiB of pinned host memory,
-outside SGLang's memory plan) and 44 rows. Only one chain runs at a time, so every
-chain is a view of the longest chain's backend (``ChainBackends``): its first M + 1
-steps, with the same per-step attention backends, buffers and, for each batch size,
-FlashInfer plan wrappers: 8 x 35 wrappers and 9 rows. A replay plans each step it
-runs right before it, as every replay of SGLang's graphs does, so a graph reads the
-plans of its own lengths whichever chain used those wrappers last.
+entries. At K_max = 7 and the 35 batch sizes SGLang captures up to 128 rows (51 up to
+256) that is 36 x 35 = 1260 wrappers (about 9.8 GiB of device and 9.8 GiB of pinned
+host memory, outside SGLang's memory plan; 14.3 GiB each at 256 rows), and 44 rows.
+Only one chain runs at a time, so every chain is a view of the longest chain's
+backend (``ChainBackends``): its first M + 1 steps, with the same per-step attention
+backends, buffers and, for each batch size, FlashInfer plan wrappers: 8 x 35 wrappers
+and 9 rows. A replay plans each step it runs right before it, as every replay of
+SGLang's graphs does, so a graph reads the plans of its own lengths whichever chain
+used those wrappers last. That needs at most one chain planned per step and batch
+size before the host next waits for the device: a plan's copy to the device reads a
+pinned host buffer the next plan of the same wrapper overwrites. A decode step runs
+one chain, and the next step plans only after SGLang has waited for this step's
+lengths, which come after its chain.
 
 FlashInfer planned from host lengths (``HostPlannedFlashInfer``): SGLang's multi-step
 plan reads the KV pointers back from the device, which would hold the host until the
@@ -42,8 +47,10 @@ logger = logging.getLogger(__name__)
 
 # SGLang 0.5.17's multi-step draft backends whose per-step state is ``attn_backends``
 # plus the _PER_STEP tensors, so that their first steps make a working backend of fewer
-# steps. Others (MLA, FA3, ...) get a backend per chain.
+# steps (these classes exactly, not their subclasses, such as TRT-LLM's of FlashInfer's).
+# Others get a backend per chain.
 _SHAREABLE = {
+    "faser_sglang.spec_worker.chain_backends.HostPlannedFlashInfer",
     "sglang.srt.layers.attention.flashinfer_backend.FlashInferMultiStepDraftBackend",
     "sglang.srt.layers.attention.triton_backend.TritonMultiStepDraftBackend",
     "sglang.srt.layers.attention.intel_amx_backend.IntelAMXMultiStepDraftBackend",
@@ -150,7 +157,7 @@ class ChainBackends:
         if steps > self.longest.speculative_num_steps:
             raise ValueError(f"a chain of {forwards} forwards is longer than the longest built")
         if not self.shared:
-            return self._build(steps)
+            return self.longest if steps == self.longest.speculative_num_steps else self._build(steps)
         view = copy.copy(self.longest)
         self._restrict(view, steps)
         return view
@@ -182,8 +189,7 @@ def shareable(backend: Any) -> bool:
     """Whether chains of fewer steps can be views of this multi-step backend: a type
     listed in _SHAREABLE whose per-step attention backends, if they are FlashInfer's,
     create their graph wrappers through the hook ``reuse_decode_wrappers`` replaces."""
-    names = {f"{cls.__module__}.{cls.__qualname__}" for cls in type(backend).__mro__}
-    if not names & _SHAREABLE:
+    if f"{type(backend).__module__}.{type(backend).__qualname__}" not in _SHAREABLE:
         return False
     flashinfer = isinstance(backend, FlashInferMultiStepDraftBackend)
     return not flashinfer or all(hasattr(b, "_create_decode_wrappers") for b in backend.attn_backends)

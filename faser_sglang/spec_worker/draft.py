@@ -34,7 +34,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 
 from faser_sglang.layout import RaggedLayout
 from faser_sglang.metrics import annotate
-from faser_sglang.spec_worker.batch_views import ChunkTokens, decode_forward_batch
+from faser_sglang.spec_worker.batch_views import ChunkTokens, decode_forward_batch, request_pool_rows
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft_chain import MAX_FORCED_GAP, DraftChains
 from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES
@@ -151,7 +151,8 @@ class DraftPhase:
         """[n, m] greedy drafts d1..d_m from one chain that first feeds each row its
         missing committed tokens and its bonus token (positions L - g .. L)."""
         widest = max(gaps)
-        rows = [batch.reqs[i].req_pool_idx for i in active]
+        pool = request_pool_rows(batch)
+        rows = [pool[i] for i in active]
         # Row r's forced inputs: positions L_r - g_r .. L_r, then (unread) repeats of L_r.
         positions = [seq_lens[i] - g + min(j, g) for i, g in zip(active, gaps) for j in range(widest + 1)]
         forced = history.gather([r for r in rows for _ in range(widest + 1)], positions).view(len(active), widest + 1)
