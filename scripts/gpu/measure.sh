@@ -48,7 +48,8 @@
 # spy/; scripts/spy_summary.py reads it). SCHED_TIMELINE=1 has every A/B server record its
 # scheduler loop's host timeline (faser_sglang/sched_timeline.py: timeline/, and
 # timeline.md from scripts/sched_timeline.py).
-# STEP_PROFILE="<contenders>" (e.g. "faser-k3 faser-k3@draft_chain=false faser-ad") profiles, in call 3
+# STEP_PROFILE="<contenders>" (e.g. "faser-k3 faser-k3@draft_chain=false faser-ad", or with server flags of
+# their own, "faser-k3 faser-k3+speculative-draft-attention-backend=triton") profiles, in call 3
 # before the A/B, where each one's decode steps spend their time at STEP_CONCURRENCY requests
 # (default "1 4 8"; scripts/profile_step.py: steps/steps.md).
 # PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
