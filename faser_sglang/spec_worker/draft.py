@@ -104,9 +104,8 @@ class DraftPhase:
             return DraftOutput(tokens, probs, new_kv_lens, 0)
 
         active_t = device_tensor(active, device)
-        rows_sampling = sampling.select(active, active_t)
         m = max(k[i] for i in active)
-        chained = m > 1 and self._chains_serve(rows_sampling.all_greedy, rows_sampling.logit_bias)
+        chained = m > 1 and self._chains_serve(all(sampling.greedy_cpu[i] for i in active), sampling.logit_bias)
         gaps = [seq_lens[i] - draft_kv_lens[i] for i in active]  # committed tokens each row's draft KV lacks
         forwards = 0
         if chained and max(gaps) <= MAX_FORCED_GAP:
@@ -117,7 +116,7 @@ class DraftPhase:
                 logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [n, V]
             if chained:
                 with annotate("draft.chain"):
-                    first = greedy_tokens(logits, rows_sampling)  # [n] d1
+                    first = torch.argmax(logits, dim=-1)  # [n] d1 (a chain's rows are greedy, unbiased)
                     after = self.chains.run(
                         batch.req_pool_indices[active_t], [seq_lens[i] + 1 for i in active], [0] * len(active),
                         first.unsqueeze(1), m - 1, m - 1,
