@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
 from typing import Any, Optional
 
 import torch
@@ -42,8 +41,6 @@ from sglang.srt.layers.attention.flashinfer_backend import FlashInferMultiStepDr
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.speculative.spec_utils import draft_kv_indices_used_len
 from sglang.srt.utils import next_power_of_2
-
-logger = logging.getLogger(__name__)
 
 # SGLang 0.5.17's multi-step draft backends whose per-step state is ``attn_backends``
 # plus the _PER_STEP tensors, so that their first steps make a working backend of fewer

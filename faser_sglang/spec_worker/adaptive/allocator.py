@@ -84,7 +84,7 @@ from typing import Optional
 import numpy as np
 from numba import njit
 
-from faser_sglang.spec_worker.adaptive.cost_model import CostModel
+from faser_sglang.spec_worker.adaptive.cost_model import CostModel, lagging
 from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES, STEADY_CATCHUP
 
 MIN_ITEM_SECONDS = 1e-12
@@ -163,9 +163,7 @@ def allocate(
     chain_rows = row if chained else np.zeros(bs)  # [bs] per chain step, once the request drafts
     # [bs] share of the chain step a request whose draft KV lags its committed length
     # adds (cost_model.chain_lags) that the step is charged; all of it by default.
-    lags = (np.asarray(catchup, np.float64) >= STEADY_CATCHUP).astype(np.float64)
-    if lag_weights is not None:
-        lags = np.ascontiguousarray(lag_weights, np.float64)
+    lags = np.ascontiguousarray(lagging(catchup) if lag_weights is None else lag_weights, np.float64)
     lag_forward = d.decode_forward if chained else 0.0
     if not _any_draft_can_pay(gains, own, chain_rows, verify, forward, max_drafts, no_draft.tokens_per_second):
         return no_draft

@@ -393,12 +393,17 @@ def _draft_features(
     )
 
 
+def lagging(catchup: Sequence[float]) -> np.ndarray:
+    """[bs] whether each request's catch-up feeds a committed token before its bonus
+    token (c_i >= STEADY_CATCHUP: its draft KV lags its committed length)."""
+    return np.asarray(catchup, np.float64) >= STEADY_CATCHUP
+
+
 def chain_lags(draft_lens: Sequence[int], catchup: Sequence[float]) -> bool:
-    """Whether a drafting row's catch-up feeds a committed token before its bonus token
-    (c_i >= STEADY_CATCHUP: its draft KV lags its committed length), which costs a
-    chain one forward more: the chain feeds that token itself (draft.py), or, past
-    MAX_FORCED_GAP, a catch-up forward of its own does."""
-    return any(k > 0 and c >= STEADY_CATCHUP for k, c in zip(draft_lens, catchup))
+    """Whether a drafting row lags (``lagging``), which costs a chain one forward more:
+    the chain feeds that token itself (draft.py), or, past MAX_FORCED_GAP, a catch-up
+    forward of its own does."""
+    return bool(np.any(lagging(catchup) & (np.asarray(draft_lens) > 0)))
 
 
 def _verify_features(

@@ -29,6 +29,7 @@ from faser_sglang.spec_worker.adaptive.cost_model import (
     DraftCost,
     VerifyCost,
     analytical,
+    lagging,
     read_cost_entries,
 )
 from faser_sglang.spec_worker.adaptive.hardware import ModelShape, gpu_spec
@@ -255,7 +256,7 @@ def lag_weights(tokens: np.ndarray, horizon: np.ndarray | float) -> np.ndarray:
     tokens [1, 2, 9], horizon 16 -> [0, 1, 0.0625]"""
     tokens = np.asarray(tokens, np.float64)
     backlog = np.broadcast_to(1.0 / np.asarray(horizon, np.float64), tokens.shape)
-    return np.where(tokens > STEADY_CATCHUP, backlog, (tokens == STEADY_CATCHUP).astype(np.float64))
+    return np.where(tokens > STEADY_CATCHUP, backlog, lagging(tokens).astype(np.float64))
 
 
 def compile_kernels() -> None:
