@@ -103,22 +103,22 @@ class DraftPhase:
         if not active:
             return DraftOutput(tokens, probs, new_kv_lens, 0)
 
-        active_t = device_tensor(active, device)
         m = max(k[i] for i in active)
         chained = m > 1 and self._chains_serve(all(sampling.greedy_cpu[i] for i in active), sampling.logit_bias)
         gaps = [seq_lens[i] - draft_kv_lens[i] for i in active]  # committed tokens each row's draft KV lacks
         forwards = 0
         if chained and max(gaps) <= MAX_FORCED_GAP:
             with annotate("draft.chain"):
-                chain = self._chain_from_committed(batch, active, active_t, seq_lens, gaps, history, m)  # [n, m]
+                chain = self._chain_from_committed(batch, active, seq_lens, gaps, history, m)  # [n, m]
         else:
             with annotate("draft.catchup"):
                 logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [n, V]
             if chained:
                 with annotate("draft.chain"):
                     first = torch.argmax(logits, dim=-1)  # [n] d1 (a chain's rows are greedy, unbiased)
+                    pool = request_pool_rows(batch)
                     after = self.chains.run(
-                        batch.req_pool_indices[active_t], [seq_lens[i] + 1 for i in active], [0] * len(active),
+                        [pool[i] for i in active], [seq_lens[i] + 1 for i in active], [0] * len(active),
                         first.unsqueeze(1), m - 1, m - 1,
                     )  # [n, m - 1] d2..d_m
                     chain = torch.cat([first.unsqueeze(1), after], dim=1)
@@ -126,6 +126,7 @@ class DraftPhase:
                 with annotate("draft.loop" if m > 1 else "draft.first"):
                     self._loop(batch, layout, active, seq_lens, logits, sampling, generator, tokens, probs)
         if chained:
+            active_t = device_tensor(active, device)
             past_len = torch.arange(m, device=device).unsqueeze(0) >= layout.draft_lens[active_t].unsqueeze(1)
             tokens[active_t, :m] = chain.masked_fill(past_len, 0)
         for i in active:
@@ -141,7 +142,6 @@ class DraftPhase:
         self,
         batch: ScheduleBatch,
         active: list[int],
-        active_t: torch.Tensor,  # [n] the same rows on the device
         seq_lens: list[int],
         gaps: list[int],  # [n] committed tokens each row's draft KV lacks, <= MAX_FORCED_GAP
         history: TokenHistory,
@@ -156,7 +156,7 @@ class DraftPhase:
         positions = [seq_lens[i] - g + min(j, g) for i, g in zip(active, gaps) for j in range(widest + 1)]
         forced = history.gather([r for r in rows for _ in range(widest + 1)], positions).view(len(active), widest + 1)
         return self.chains.run(
-            batch.req_pool_indices[active_t], [seq_lens[i] - g for i, g in zip(active, gaps)], gaps, forced, widest + m, m
+            rows, [seq_lens[i] - g for i, g in zip(active, gaps)], gaps, forced, widest + m, m
         )  # row r's d1 is its argmax g_r
 
     def _loop(

@@ -142,7 +142,7 @@ class DraftChains:
 
     def run(
         self,
-        req_pool_indices: torch.Tensor,  # [n] int64, the drafting rows
+        pool_rows: Sequence[int],  # [n] the drafting rows' request-pool rows
         starts: Sequence[int],  # [n] s_r, the first position each row feeds
         gaps: Sequence[int],  # [n] g_r in 0..MAX_FORCED_GAP
         forced: torch.Tensor,  # [n, max(gaps) + 1] int64, row r's first g_r + 1 inputs
@@ -155,9 +155,9 @@ class DraftChains:
         device = forced.device
         self.forced[:n, : forced.shape[1]].copy_(forced)
         fed_cpu = torch.tensor(list(starts), dtype=torch.int64)  # [n]
-        gaps_fed = device_tensor([*gaps, *starts], device).view(2, n)  # one copy
-        self.gaps[:n].copy_(gaps_fed[0])
-        fed = gaps_fed[1]
+        gaps_fed_rows = device_tensor([*gaps, *starts, *pool_rows], device).view(3, n)  # one copy
+        self.gaps[:n].copy_(gaps_fed_rows[0])
+        fed, req_pool_indices = gaps_fed_rows[1], gaps_fed_rows[2]
         positions = fed.unsqueeze(1) + torch.arange(forwards + 1, device=device)  # [n, M + 1]
         locs = self.req_to_token[req_pool_indices.unsqueeze(1), positions].to(torch.int64)
         fb = ForwardBatch(
