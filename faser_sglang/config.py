@@ -80,10 +80,15 @@ class FaserConfig:
     # beyond the cost model (adaptive/calibration.py) and add the median excess of the
     # latest drafting steps to every drafting configuration's price.
     step_calibration: bool = False
-    # Run a greedy step's draft decode steps after the catch-up as one chain: one
-    # multi-step attention plan, replayed as one CUDA graph where decode CUDA graphs run
-    # (spec_worker/draft_chain.py). false: one forward per step, as sampled steps run.
+    # Run a step's draft forwards as one chain: one multi-step attention plan, replayed
+    # as one CUDA graph where decode CUDA graphs run (spec_worker/draft_chain.py).
+    # false: one forward per draft step.
     draft_chain: bool = True
+    # Chain steps where sampling requests draft too (with draft_chain): a second set of
+    # chain graphs, captured up to 64 rows, and their [rows, K_max + 1, V] float32 buffer
+    # of the drafts' distributions (297 MiB at 64 rows, K_max = 7, a 152k vocabulary).
+    # false: such steps draft one forward at a time.
+    sampled_chain: bool = True
 
     @property
     def lazy_draft_prefill(self) -> bool:
@@ -125,6 +130,8 @@ class FaserConfig:
             raise ValueError(f"FASER config 'step_calibration' must be true or false, got {self.step_calibration!r}")
         if not isinstance(self.draft_chain, bool):
             raise ValueError(f"FASER config 'draft_chain' must be true or false, got {self.draft_chain!r}")
+        if not isinstance(self.sampled_chain, bool):
+            raise ValueError(f"FASER config 'sampled_chain' must be true or false, got {self.sampled_chain!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"FASER config 'seed' must be an integer, got {self.seed!r}")
 

@@ -2,13 +2,15 @@
 
     python scripts/profile_step.py --target TARGET --draft DRAFT --out DIR \\
         [--contenders faser-k3 faser-k3@draft_chain=false faser-ad] [--faser-ad-config F] \\
-        [--concurrency 1 4 8] [--steps 40] [--activities CPU GPU] [--server-args "..."]
+        [--concurrency 1 4 8] [--steps 40] [--activities CPU GPU] [--temperature 0.8] \\
+        [--server-args "..."]
 
 Each contender (scripts/profile_host.py's names: ``faser-k<K>[@KEY=VALUE,...]`` drafts K
 tokens every step, ``faser-ad[@...]`` runs the adaptive policy of --faser-ad-config) is
 served once. For each concurrency C it is sent C requests that decode
---max-new-tokens tokens with ignore_eos; once all C run, SGLang's ``/start_profile``
-records --steps scheduler steps with torch.profiler (no Python stacks, no shapes, so
+--max-new-tokens tokens with ignore_eos, greedy or, with --temperature, sampled (with
+top-p 0.95); once all C run, SGLang's ``/start_profile`` records --steps scheduler
+steps with torch.profiler (no Python stacks, no shapes, so
 the profiler adds little to the host's time), then the requests are aborted. The
 trace is summarised per step kind, batch size and FASER phase
 (``faser_sglang/bench/step_profile.py`` says what each column measures): how long the
@@ -39,7 +41,7 @@ from faser_sglang.bench.client import replay
 from faser_sglang.bench.quick import Prompt
 
 PROMPT = "def fibonacci(n):\n    "
-SAMPLING = {"temperature": 0.0, "ignore_eos": True}
+TOP_P = 0.95  # of sampled requests
 
 
 def wait_for_batch(base_url: str, size: int, timeout: float) -> None:
@@ -69,7 +71,7 @@ def wait_for_trace(path: Path, timeout: float) -> list[dict[str, Any]]:
 def profile_once(server: servers.Server, name: str, size: int, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Profile --steps steps of a batch of ``size`` requests; the trace's groups."""
     reqs = [Prompt(PROMPT, args.max_new_tokens)] * size
-    sender = threading.Thread(target=replay, args=(server.base_url, reqs, [0.0] * size, SAMPLING), daemon=True)
+    sender = threading.Thread(target=replay, args=(server.base_url, reqs, [0.0] * size, args.sampling), daemon=True)
     sender.start()
     try:
         wait_for_batch(server.base_url, size, args.timeout)
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results[name] = {}
         server_args = (*shlex.split(args.server_args), *c.args)
         with servers.launch(args.target, server_args, env=c.env, log_dir=args.out) as server:
-            replay(server.base_url, [Prompt(PROMPT, 32)] * 4, [0.0] * 4, SAMPLING)  # warm-up
+            replay(server.base_url, [Prompt(PROMPT, 32)] * 4, [0.0] * 4, args.sampling)  # warm-up
             for size in args.concurrency:
                 groups = profile_once(server, name, size, args)
                 results[name][str(size)] = groups
@@ -144,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--with-stack", action="store_true", help="record Python stacks too (the trace names what called each op)"
     )
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: sampled requests (top-p 0.95)")
     p.add_argument("--settle", type=float, default=1.0, help="seconds of decoding before the profile starts")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--server-args", default="")
@@ -152,6 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--steps must be at least 2 (a step's period ends at the next step)")
     if min(args.concurrency) < 1:
         p.error("--concurrency values must be >= 1")
+    if args.temperature < 0:
+        p.error("--temperature must be >= 0")
+    args.sampling = {"temperature": args.temperature, "ignore_eos": True}
+    if args.temperature > 0:
+        args.sampling["top_p"] = TOP_P
     if "CPU" not in args.activities:
         p.error("--activities must include CPU: FASER's step and phase ranges are CPU events")
     args.command = " ".join(["python scripts/profile_step.py", *(argv if argv is not None else sys.argv[1:])])

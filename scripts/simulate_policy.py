@@ -46,7 +46,7 @@ times. --step-calibration turns on the policy's ``step_calibration``, which meas
 excess from the simulated step times and prices it (adaptive/calibration.py).
 
 --chained prices (and has the policy choose for) draft steps run as one chain, as a
-server with ``draft_chain`` runs greedy requests: every drafting request runs to the
+server with ``draft_chain`` runs them: every drafting request runs to the
 step's longest draft, one step more when one of them lags (cost_model.py), and its
 draft KV then covers min(L + that longest draft, the new committed length).
 
@@ -119,7 +119,7 @@ class SimulatedServer:
         max_verify_tokens: Optional[int] = None,
         fixed_length: Optional[int] = None,  # every request drafts this instead of the adaptive choice
         drafting_overhead: float = 0.0,  # seconds every drafting step takes beyond the cost model
-        chained: bool = False,  # draft steps as one chain (draft_chain, greedy): every drafting row runs to m
+        chained: bool = False,  # draft steps as one chain (draft_chain): every drafting row runs to m
         oracle: bool = False,  # the policy sees every request's true acceptance instead of estimating it
     ):
         self.cost, self.k_max, self.fixed_length = cost, k_max, fixed_length
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--step-calibration", action="store_true", help="the policy prices that overhead as it measures it")
     p.add_argument(
         "--chained", action="store_true",
-        help="draft steps run as one chain (draft_chain, greedy requests): every drafting row runs to the longest",
+        help="draft steps run as one chain (draft_chain): every drafting row runs to the longest",
     )  # fmt: skip
     p.add_argument(
         "--oracle", action="store_true",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from typing import Optional
 
 import openai
 import pytest
@@ -162,10 +163,21 @@ def test_sampled_tokens_follow_target_distribution(tiny_models, faser):
 def assert_second_token_follows_target(tiny_models, base_url: str) -> None:
     """Chi-square on the second generated token (produced by a verify step) against
     the target's exact distribution computed with transformers."""
+    assert_tokens_follow_target(tiny_models, base_url, positions=(1,))
+
+
+def assert_tokens_follow_target(
+    tiny_models, base_url: str, positions: tuple[int, ...], max_new_tokens: Optional[int] = None
+) -> None:
+    """Chi-square on each generated token at ``positions`` (0: the prefill's) against
+    its exact marginal under the target, summed over every prefix of top-4 tokens
+    (transformers). Requests generate ``max_new_tokens`` (default: through the last
+    position); a length policy drafts less near a request's end."""
     from scipy.stats import chisquare
 
     prompt = "def foo(x):"
-    params = {"max_new_tokens": 2, "temperature": 0.9, "top_k": 4, "ignore_eos": True}
+    new_tokens = max_new_tokens or max(positions) + 1
+    params = {"max_new_tokens": new_tokens, "temperature": 0.9, "top_k": 4, "ignore_eos": True}
     tok = AutoTokenizer.from_pretrained(tiny_models.target)
     model = LlamaForCausalLM.from_pretrained(tiny_models.target, dtype=torch.float32)
     prompt_ids = tok(prompt)["input_ids"]
@@ -178,20 +190,27 @@ def assert_second_token_follows_target(tiny_models, base_url: str) -> None:
         p[top.indices] = torch.softmax(top.values, dim=-1)
         return p
 
-    p1 = dist(prompt_ids)
-    expected = sum(p1[t] * dist(prompt_ids + [t]) for t in torch.nonzero(p1).flatten().tolist())
+    # marginals[j]: the distribution of generated token j; prefixes: (tokens, probability).
+    marginals: list[torch.Tensor] = []
+    prefixes = [([], 1.0)]
+    for _ in range(max(positions) + 1):
+        step = [(ids_, weight, dist(prompt_ids + ids_)) for ids_, weight in prefixes]
+        marginals.append(sum(weight * p for _, weight, p in step))
+        prefixes = [(ids_ + [t], weight * float(p[t])) for ids_, weight, p in step for t in torch.nonzero(p).flatten().tolist()]
 
-    samples = []
+    outputs = []
     for _ in range(8):
-        outs = generate(base_url, [prompt_ids] * 50, params)
-        samples += [o["output_ids"][1] for o in outs]
-    support = torch.nonzero(expected > 0).flatten().tolist()
-    assert set(samples) <= set(support)
-    counts = Counter(samples)
-    observed = [counts.get(t, 0) for t in support]
-    probs = expected[support].double()
-    exp = (probs / probs.sum() * len(samples)).tolist()
-    assert chisquare(observed, exp).pvalue > 1e-3
+        outputs += [o["output_ids"] for o in generate(base_url, [prompt_ids] * 50, params)]
+    for j in positions:
+        samples = [ids_[j] for ids_ in outputs]
+        expected = marginals[j]
+        support = torch.nonzero(expected > 0).flatten().tolist()
+        assert set(samples) <= set(support), f"token {j} outside the target's support"
+        counts = Counter(samples)
+        observed = [counts.get(t, 0) for t in support]
+        probs = expected[support].double()
+        exp = (probs / probs.sum() * len(samples)).tolist()
+        assert chisquare(observed, exp).pvalue > 1e-3, f"token {j}"
 
 
 def test_identity_model_as_its_own_draft_accepts_every_token(tiny_models, tmp_path):
@@ -268,6 +287,60 @@ def test_self_draft_accepts_every_token_after_plain_decode_steps(
         assert any(s["catchup_forwards"] > 0 for s in chains)
     else:
         assert how["chain"] == 0 and how["loop"] > 0
+
+
+SAMPLED_MIX = (
+    {"temperature": 0.8, "top_k": 8},
+    {"temperature": 1.0, "top_p": 0.9},
+    {"temperature": 0},
+    {"temperature": 1.3, "min_p": 0.05},
+)
+
+
+def test_sampled_self_draft_chain_accepts_every_token(tiny_models, tmp_path):
+    """The tiny target as its own draft, sampling and greedy requests in one batch,
+    random lengths: a sampled draft d ~ q passes with probability min(1, p(d) / q(d)),
+    which is 1 only if the chain's q is the target's own transform of the same logits
+    (temperature, top-k, top-p, min-p) at the right positions, after the chain fed each
+    draw to the next forward. So every draft is accepted iff the sampled chain feeds and
+    keeps what it drew. No step drafts one forward at a time: sampled steps chain."""
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy="random", trace_path=str(trace), seed=11)
+    with launch_faser(tiny_models.target, tiny_models.target, env) as server:
+        params = [{**SAMPLED_MIX[i % len(SAMPLED_MIX)], "max_new_tokens": 40, "ignore_eos": True} for i in range(8)]
+        results: list[dict] = [{} for _ in params]
+
+        def run(i: int) -> None:
+            results[i] = generate(server.base_url, [PROMPTS[i]], params[i])[0]
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(params))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert all(len(r["output_ids"]) == 40 for r in results)
+    steps = read_trace(trace)
+    assert sum(sum(s["draft_lens"]) for s in steps) > 0
+    assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
+    how = Counter(s["draft_steps"] for s in steps if "draft_steps" in s)
+    assert how["chain"] > 0 and how["loop"] == 0
+
+
+def test_sampled_chain_tokens_follow_target_distribution(tiny_models, tmp_path):
+    """A fixed policy drafts K_max tokens in the first verify step of a request that
+    has K_max + 2 or more to go, so generated tokens 1..3 are a sampled chain's drafts,
+    each accepted or replaced by rejection sampling against the chain's q: each follows
+    the target's marginal."""
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy="fixed", trace_path=str(trace), seed=5)
+    with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
+        assert_tokens_follow_target(tiny_models, server.base_url, positions=(1, 2, 3), max_new_tokens=K_MAX + 3)
+    steps = read_trace(trace)
+    chained = sum(s["draft_lens"].count(K_MAX) for s in steps if s.get("draft_steps") == "chain")
+    assert chained >= 8 * 50, "first verify steps did not chain K_max drafts"
+    assert not any(s.get("draft_steps") == "loop" for s in steps)
+    accepted = sum(sum(s["num_accepted"]) for s in steps)
+    assert 0 < accepted < sum(sum(s["draft_lens"]) for s in steps), "the draft should be neither exact nor useless"
 
 
 def test_frontend_program_with_fork(nospec, faser):

@@ -117,12 +117,16 @@ def test_profile_step_refuses_a_profile_without_host_events(tmp_path, capsys):
     assert "must include CPU" in capsys.readouterr().err
 
 
-def test_profile_step_records_every_phase_of_a_live_server(tiny_models, cpu_server_env, tmp_path):
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+def test_profile_step_records_every_phase_of_a_live_server(tiny_models, cpu_server_env, tmp_path, temperature):
+    """Greedy and sampled requests (a sampled chain), the same phases and no
+    boolean-mask indexing in either."""
     script = load_script("profile_step")
     out = tmp_path / "out"
     script.main(["--target", str(tiny_models.target), "--draft", str(tiny_models.draft), "--out", str(out),
                  "--contenders", "faser-k3", "--concurrency", "2", "--steps", "6", "--activities", "CPU",
-                 "--max-new-tokens", "1000", "--server-args", " ".join(CPU_SERVER_FLAGS)])  # fmt: skip
+                 "--max-new-tokens", "1000", "--temperature", str(temperature),
+                 "--server-args", " ".join(CPU_SERVER_FLAGS)])  # fmt: skip
     report = json.loads((out / "steps.json").read_text())
     (group,) = report["profiles"]["faser-k3"]["2"]
     # Fixed lengths, a draft that disagrees often: each row lags at most one token, so

@@ -4,24 +4,26 @@ Only requests with k_i > 0 run. Each one's draft KV may lag its committed length
 by g_i tokens (it accepted every draft last step, or did not draft), and its bonus
 token at position L_i has no draft KV yet; drafting feeds those first. m = max(k_i).
 
-- Greedy steps with m > 1 run as one chain (draft_chain.py: one multi-step attention
-  plan and, where decode CUDA graphs run, one graph replay), every drafting row to m.
-  When every g_i <= MAX_FORCED_GAP the chain itself feeds the missing tokens and the
-  bonus token before drafting: the step's whole draft phase is one replay. Otherwise a
-  catch-up (below) gives d1 and the chain drafts d2..d_m.
-- Otherwise a catch-up (chunk_forward.py: one EXTEND forward, or decode rows, up to
-  MAX_CATCHUP_PIECES forwards of them) feeds the missing committed tokens plus the
-  bonus token and its last logits give d1; then one DECODE forward per draft step,
-  each over only the requests that still want more, keeping each draft's distribution
-  q for rejection sampling when the step samples.
+- Steps with m > 1 run as one chain (draft_chain.py: one multi-step attention plan
+  and, where decode CUDA graphs run, one graph replay), every drafting row to m; a
+  sampling row keeps each draft's distribution q for rejection sampling
+  (chain_sampling.py). When every g_i <= MAX_FORCED_GAP the chain itself feeds the
+  missing tokens and the bonus token before drafting: the step's whole draft phase is
+  one replay. Otherwise a catch-up (below) gives d1 and the chain drafts d2..d_m.
+- Otherwise (m = 1, no chains, sampled chains turned off, or a logit bias) a catch-up
+  (chunk_forward.py: one EXTEND forward, or decode rows, up to MAX_CATCHUP_PIECES
+  forwards of them) feeds the missing committed tokens plus the bonus token and its
+  last logits give d1; then one DECODE forward per draft step, each over only the
+  requests that still want more, keeping each draft's q when the step samples.
 
 Worked example, K_max = 3, seq_lens L = [10, 7], draft_kv_lens s = [9, 7], k = [3, 1],
-greedy (gaps g = [1, 0]): one chain of max(g) + m = 4 forwards,
-  row 0 feeds 9 (committed), 10 (bonus), d1 at 11, d2 at 12  -> argmaxes 1..3 = d1..d3
-  row 1 feeds 7 (bonus), d1 at 8, d2 at 9, d3 at 10          -> argmax 0 = d1
+gaps g = [1, 0]: one chain of max(g) + m = 4 forwards,
+  row 0 feeds 9 (committed), 10 (bonus), d1 at 11, d2 at 12  -> draws 1..3 = d1..d3
+  row 1 feeds 7 (bonus), d1 at 8, d2 at 9, d3 at 10          -> draw 0 = d1
   new draft_kv_lens = [L0 + 3, L1 + 3] = [13, 10] (valid until verify trims them)
-Sampled, the same rows run a catch-up (row 0 feeds 9..10, row 1 feeds 7 -> d1 for
-both), then row 0 alone d1 at 11 -> d2 and d2 at 12 -> d3: [L0 + 3, L1 + 1] = [13, 8].
+Without chains, the same rows run a catch-up (row 0 feeds 9..10, row 1 feeds 7 -> d1
+for both), then row 0 alone d1 at 11 -> d2 and d2 at 12 -> d3: [L0 + 3, L1 + 1] =
+[13, 8].
 """
 
 from __future__ import annotations
@@ -71,15 +73,17 @@ class DraftPhase:
         """Whether a step over this batch (its requests and SGLang's SamplingBatchInfo)
         runs its draft forwards as one chain, as ``run`` decides for its drafting rows.
         Greedy is judged per request, as ``SamplingRows`` does (SGLang's
-        ``is_all_greedy`` is not recomputed when a batch is filtered). A batch with
-        sampled requests also chains when only greedy ones draft; the policy prices it
-        as a loop."""
+        ``is_all_greedy`` is not recomputed when a batch is filtered). Without sampled
+        chains, a batch with sampling requests also chains when only greedy ones draft;
+        the policy prices it as a loop."""
         return self._chains_serve(all(greedy_requests(reqs)), sampling_info.logit_bias)
 
     def _chains_serve(self, all_greedy: bool, logit_bias: Optional[torch.Tensor]) -> bool:
-        """Chains are built and the rows are greedy, without a logit bias (a sampled
-        step needs each draft's distribution, a biased one the bias at every step)."""
-        return self.chains is not None and all_greedy and logit_bias is None
+        """Chains are built, the rows are greedy or sampled chains are built too, and
+        there is no logit bias (it would have to be added at every forward)."""
+        return (
+            self.chains is not None and (all_greedy or self.chains.sampled) and logit_bias is None
+        )
 
     def run(
         self,
@@ -104,38 +108,39 @@ class DraftPhase:
             return DraftOutput(tokens, probs, new_kv_lens, 0)
 
         m = max(k[i] for i in active)
-        chained = m > 1 and self._chains_serve(all(sampling.greedy_cpu[i] for i in active), sampling.logit_bias)
+        greedy = all(sampling.greedy_cpu[i] for i in active)
+        chained = m > 1 and self._chains_serve(greedy, sampling.logit_bias)
         gaps = [seq_lens[i] - draft_kv_lens[i] for i in active]  # committed tokens each row's draft KV lacks
         forwards = 0
+        active_t = device_tensor(active, device) if chained else None
+        rows = None if greedy or not chained else sampling.select(active, active_t)  # a sampled chain's rows
+        chain_q = None  # [n, m, V] a sampled chain's q
         if chained and max(gaps) <= MAX_FORCED_GAP:
             with annotate("draft.chain"):
-                chain = self._chain_from_committed(batch, active, seq_lens, gaps, history, m)  # [n, m]
+                chain, chain_q = self._chain_from_committed(
+                    batch, active, seq_lens, gaps, history, m, rows, generator
+                )  # [n, m]
         else:
             with annotate("draft.catchup"):
                 logits, forwards = self._catch_up(batch, active, seq_lens, draft_kv_lens, history)  # [n, V]
             if chained:
                 with annotate("draft.chain"):
-                    first = torch.argmax(logits, dim=-1)  # [n] d1 (a chain's rows are greedy, unbiased)
-                    pool = request_pool_rows(batch)
-                    after = self.chains.run(
-                        [pool[i] for i in active], [seq_lens[i] + 1 for i in active], [0] * len(active),
-                        first.unsqueeze(1), m - 1, m - 1,
-                    )  # [n, m - 1] d2..d_m
-                    chain = torch.cat([first.unsqueeze(1), after], dim=1)
+                    chain, chain_q = self._chain_after(batch, active, seq_lens, logits, m, rows, generator)
             else:
                 with annotate("draft.loop" if m > 1 else "draft.first"):
                     self._loop(batch, layout, active, seq_lens, logits, sampling, generator, tokens, probs)
         if chained:
-            active_t = device_tensor(active, device)
             past_len = torch.arange(m, device=device).unsqueeze(0) >= layout.draft_lens[active_t].unsqueeze(1)
             tokens[active_t, :m] = chain.masked_fill(past_len, 0)
+            if chain_q is not None:  # q past a row's length is never read
+                probs[active_t, :m] = chain_q
         for i in active:
             # A chain feeds every row through position L + m - 1 (draft_chain.py), a loop
             # row through L + k_i - 1; verify trims either to what it accepts (state.py).
             new_kv_lens[i] = seq_lens[i] + (m if chained else k[i])
         steps = "none" if m == 1 else "loop"
         if chained:
-            steps = "graph" if self.chains.graphed(len(active)) else "chain"
+            steps = "graph" if self.chains.graphed(len(active), sampled=rows is not None) else "chain"
         return DraftOutput(tokens, probs, new_kv_lens, forwards, steps)
 
     def _chain_from_committed(
@@ -146,18 +151,49 @@ class DraftPhase:
         gaps: list[int],  # [n] committed tokens each row's draft KV lacks, <= MAX_FORCED_GAP
         history: TokenHistory,
         m: int,
-    ) -> torch.Tensor:
-        """[n, m] greedy drafts d1..d_m from one chain that first feeds each row its
-        missing committed tokens and its bonus token (positions L - g .. L)."""
+        rows: Optional[SamplingRows],  # [n] the rows' sampling; None: all greedy
+        generator: Optional[torch.Generator],
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """[n, m] drafts d1..d_m (and [n, m, V] their q when ``rows`` sample) from one
+        chain that first feeds each row its missing committed tokens and its bonus
+        token (positions L - g .. L)."""
         widest = max(gaps)
         pool = request_pool_rows(batch)
-        rows = [pool[i] for i in active]
+        pool_rows = [pool[i] for i in active]
         # Row r's forced inputs: positions L_r - g_r .. L_r, then (unread) repeats of L_r.
         positions = [seq_lens[i] - g + min(j, g) for i, g in zip(active, gaps) for j in range(widest + 1)]
-        forced = history.gather([r for r in rows for _ in range(widest + 1)], positions).view(len(active), widest + 1)
+        forced = history.gather([r for r in pool_rows for _ in range(widest + 1)], positions)
+        forced = forced.view(len(active), widest + 1)
+        starts = [seq_lens[i] - g for i, g in zip(active, gaps)]
         return self.chains.run(
-            rows, [seq_lens[i] - g for i, g in zip(active, gaps)], gaps, forced, widest + m, m
-        )  # row r's d1 is its argmax g_r
+            pool_rows, starts, gaps, forced, widest + m, m, rows, generator
+        )  # row r's d1 is its draw g_r
+
+    def _chain_after(
+        self,
+        batch: ScheduleBatch,
+        active: list[int],
+        seq_lens: list[int],
+        logits: torch.Tensor,  # [n, V] the catch-up's last logits
+        m: int,
+        rows: Optional[SamplingRows],  # [n] the rows' sampling; None: all greedy
+        generator: Optional[torch.Generator],
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """[n, m] drafts (and [n, m, V] their q when ``rows`` sample): d1 from the
+        catch-up's logits, d2..d_m from a chain fed d1 at position L + 1."""
+        if rows is None:
+            first = _Picked(torch.argmax(logits, dim=-1), None)  # a chain's rows are unbiased
+        else:
+            first = self._pick(logits, rows, generator)
+        pool = request_pool_rows(batch)
+        after, after_q = self.chains.run(
+            [pool[i] for i in active], [seq_lens[i] + 1 for i in active], [0] * len(active),
+            first.tokens.unsqueeze(1), m - 1, m - 1, rows, generator,
+        )  # fmt: skip
+        tokens = torch.cat([first.tokens.unsqueeze(1), after], dim=1)
+        if after_q is None:
+            return tokens, None
+        return tokens, torch.cat([first.probs.unsqueeze(1), after_q], dim=1)
 
     def _loop(
         self,

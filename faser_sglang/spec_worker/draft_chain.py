@@ -1,29 +1,33 @@
-"""A greedy step's draft forwards, run as one chain.
+"""A step's draft forwards, run as one chain.
 
 Run one forward at a time (draft.py), every draft forward builds a ForwardBatch, plans
 attention and replays the draft's decode graph: 2-4 ms of host time per forward on an
-H200, more than a small draft's GPU time at small batches. A greedy chain needs no
-host decision between forwards (the next input is the argmax of the last logits, or a
-token known in advance), so the forwards run as one unit, the way SGLang's EAGLE and
-STANDALONE drafters run theirs: one multi-step attention backend (an attention backend
-per forward, all planned before the first) and, where decode CUDA graphs run, one
-replay of a graph SGLang's ``EAGLEDraftCudaGraphRunner`` captured around
+H200, more than a small draft's GPU time at small batches. A chain needs no host
+decision between forwards (the next input is the argmax of the last logits, a draw
+from them with a uniform drawn beforehand (chain_sampling.py), or a token known in
+advance), so the forwards run as one unit, the way SGLang's EAGLE and STANDALONE
+drafters run theirs: one multi-step attention backend (an attention backend per
+forward, all planned before the first) and, where decode CUDA graphs run, one replay
+of a graph SGLang's ``EAGLEDraftCudaGraphRunner`` captured around
 ``_Chain.draft_forward``. Batches larger than the captured sizes, and devices without
 CUDA graphs, run the same ``draft_forward`` eagerly after one multi-step plan. There is
-one chain per number of forwards M in 1..K_max + MAX_FORCED_GAP.
+one greedy chain per number of forwards M in 1..K_max + MAX_FORCED_GAP, and as many
+sampled ones (rows that sample keep each draw's distribution q), whose graphs are
+captured up to SAMPLED_GRAPH_ROWS rows: the q of every captured row and forward is a
+[rows, M, V] float32 buffer.
 
 A chain row r starts at position s_r, the first position its draft KV lacks, and is
 fed g_r + 1 *forced* tokens known in advance (g_r <= MAX_FORCED_GAP) before its own
-argmaxes take over:
+draws take over:
     seq_lens = positions = s_r, out_cache_loc = the KV slots of positions s_r .. s_r + M,
-    forward j feeds forced[r, j] if j <= g_r, else the argmax of forward j - 1, at
+    forward j feeds forced[r, j] if j <= g_r, else the token forward j - 1 drew, at
     position s_r + j, attends over s_r + j + 1 tokens and predicts position s_r + j + 1.
-``DraftChains.run`` returns each row's argmaxes from g_r on: its tokens after L_r.
+``DraftChains.run`` returns each row's draws from g_r on: its tokens after L_r.
 Two ways draft.py uses it:
   - from the committed tokens (every drafting row lags its committed length L_r by
     g_r <= MAX_FORCED_GAP tokens): s_r = L_r - g_r, forced = the g_r committed tokens
-    and the bonus token, M = max g + m; row r's drafts d1..d_m are argmaxes
-    g_r .. g_r + m - 1. The catch-up is the chain's first forwards: no forward of its own.
+    and the bonus token, M = max g + m; row r's drafts d1..d_m are the draws of
+    forwards g_r .. g_r + m - 1. The catch-up is the chain's first forwards: no forward of its own.
   - after a catch-up forward that gave d1: s_r = L_r + 1, forced = d1, M = m - 1.
 
 Every row runs all M forwards. A row that drafts less than m, or lags less than the
@@ -41,6 +45,7 @@ which the shorter ones use the first steps; on FlashInfer it plans from host len
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from contextlib import contextmanager
@@ -53,6 +58,8 @@ from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.utils import get_cuda_graph_max_batch_size
 
 from faser_sglang.spec_worker.chain_backends import ChainBackends
+from faser_sglang.spec_worker.chain_sampling import ChainSampling
+from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.tensors import device_tensor
 
 logger = logging.getLogger(__name__)
@@ -62,27 +69,42 @@ logger = logging.getLogger(__name__)
 # a step that rejected a draft, 1 after one that accepted all of the step's longest.
 # At most 1: the chain must not write past the verify's last position (module docstring).
 MAX_FORCED_GAP = 1
+# Rows up to which sampled chains are captured as CUDA graphs; larger sampled batches
+# run their chain eagerly. Their q buffer is [rows, K_max + 1, V] float32 (297 MiB at
+# 64 rows, K_max = 7 and a 152k vocabulary), and at large batches a step's GPU time,
+# not its host time, dominates.
+SAMPLED_GRAPH_ROWS = 64
 
 
 class _Chain:
-    """M greedy forwards of the draft, in the shape of the drafter
+    """M forwards of the draft, in the shape of the drafter
     ``EAGLEDraftCudaGraphRunner`` captures: it reads ``draft_runner``,
     ``speculative_num_steps`` (M + 1: the runner's S steps are S - 1 forwards) and the
     DSA fields, calls ``draft_forward`` once per captured batch size, and subtracts M
     from the positions afterwards (``draft_forward`` adds one per forward). The forced
     tokens and gaps come from the chains' shared device buffers, which a graph reads
-    at its captured addresses."""
+    at its captured addresses; so does the sampling state of a sampled chain (None:
+    every row takes the argmax)."""
 
     dsa_index_topk = None
     seed_dsa_topk_from_draft_extend = False
 
-    def __init__(self, draft_runner, attn_backend, forwards: int, forced: torch.Tensor, gaps: torch.Tensor):
+    def __init__(
+        self,
+        draft_runner,
+        attn_backend,
+        forwards: int,
+        forced: torch.Tensor,
+        gaps: torch.Tensor,
+        sampling: Optional[ChainSampling] = None,
+    ):
         self.draft_runner = draft_runner
         self.draft_attn_backend = attn_backend
         self.forwards = forwards
         self.speculative_num_steps = forwards + 1
         self.forced = forced  # [rows, MAX_FORCED_GAP + 1] int64
         self.gaps = gaps  # [rows] int64
+        self.sampling = sampling
 
     def draft_forward(self, fb: ForwardBatch):
         bs = fb.batch_size
@@ -96,22 +118,24 @@ class _Chain:
             fb.out_cache_loc = locs[:, step].contiguous()
             with forward_context(ForwardContext(attn_backend=self.draft_attn_backend.attn_backends[step])):
                 logits = self.draft_runner.forward(fb).logits_output.next_token_logits  # [bs, V]
-            token = torch.argmax(logits, dim=-1)
+            token = torch.argmax(logits, dim=-1) if self.sampling is None else self.sampling.draw(logits, step)
             out.append(token)
             fb.positions.add_(1)
             if step + 1 < forced.shape[1]:  # rows still fed their known tokens
                 token = torch.where(gaps > step, forced[:, step + 1], token)
         # The graph runner's output convention: (parents, scores, tokens, draft probs).
+        # A sampled chain's q stay in its sampling state, at an address no graph reuses.
         return None, None, torch.stack(out, dim=1), None
 
 
 class DraftChains:
-    """The greedy chains of 1..K_max + MAX_FORCED_GAP forwards, captured as CUDA graphs
-    when ``graphs``."""
+    """The chains of 1..K_max + MAX_FORCED_GAP forwards, greedy and, when ``sampled``,
+    sampled, captured as CUDA graphs when ``graphs``."""
 
-    def __init__(self, server_args, draft_runner, k_max: int, graphs: bool):
+    def __init__(self, server_args, draft_runner, k_max: int, graphs: bool, sampled: bool):
         self.draft_runner = draft_runner
         self.req_to_token = draft_runner.req_to_token_pool.req_to_token  # [max_reqs, max_context] int32
+        self.vocab = draft_runner.model_config.vocab_size
         # Every running request has a pool row; graphs are captured up to the size
         # SGLang's multi-step backends size their buffers for.
         rows = get_cuda_graph_max_batch_size(server_args, draft_runner.req_to_token_pool.size)
@@ -122,23 +146,44 @@ class DraftChains:
         self.chains = {
             m: _Chain(draft_runner, self.backends.backend(m), m, self.forced, self.gaps) for m in range(1, longest + 1)
         }
-        self.runners = self._capture() if graphs else {}
-        self.graph_rows = min((r.max_bs for r in self.runners.values()), default=0)
+        self.sampled = sampled
+        self.runners = self._capture(self.chains) if graphs else {}
+        self.graph_rows = min((r.max_captured for r in self.runners.values()), default=0)
+        # The sampled chains' graphs and the sampling state they read (module docstring).
+        self.sampling: Optional[ChainSampling] = None
+        self.sampled_runners: dict = {}
+        if graphs and sampled:
+            sampled_rows = max(bs for bs in _graph_batch_sizes(draft_runner) if bs <= SAMPLED_GRAPH_ROWS)
+            self.sampling = ChainSampling(sampled_rows, longest, self.vocab, draft_runner.device)
+            sampled_chains = {m: copy.copy(chain) for m, chain in self.chains.items()}
+            for chain in sampled_chains.values():
+                chain.sampling = self.sampling
+            self.sampled_runners = self._capture(sampled_chains, up_to=sampled_rows)
+        self.sampled_graph_rows = min((r.max_captured for r in self.sampled_runners.values()), default=0)
 
-    def _capture(self) -> dict:
+    def _capture(self, chains: dict, up_to: Optional[int] = None) -> dict:
         from sglang.srt.speculative.eagle_draft_cuda_graph_runner import EAGLEDraftCudaGraphRunner
+
+        class Graphs(EAGLEDraftCudaGraphRunner):
+            """SGLang's draft graph runner, capturing batch sizes up to ``up_to`` only;
+            its buffers and attention graph state keep their full size, which every
+            chain's graphs share (chain_backends.py)."""
+
+            def capture(self) -> None:
+                if up_to is not None:
+                    self.capture_bs = [bs for bs in self.capture_bs if bs <= up_to]
+                self.max_captured = max(self.capture_bs)
+                super().capture()
 
         with _without_decode_graphs(self.draft_runner):
             return {
-                m: EAGLEDraftCudaGraphRunner(
-                    chain, draft_attn_backend=chain.draft_attn_backend, speculative_num_steps=chain.speculative_num_steps
-                )
-                for m, chain in self.chains.items()
+                m: Graphs(chain, draft_attn_backend=chain.draft_attn_backend, speculative_num_steps=chain.speculative_num_steps)
+                for m, chain in chains.items()
             }
 
-    def graphed(self, rows: int) -> bool:
+    def graphed(self, rows: int, sampled: bool = False) -> bool:
         """Whether a chain over this many rows replays a CUDA graph."""
-        return rows <= self.graph_rows
+        return rows <= (self.sampled_graph_rows if sampled else self.graph_rows)
 
     def run(
         self,
@@ -148,9 +193,13 @@ class DraftChains:
         forced: torch.Tensor,  # [n, max(gaps) + 1] int64, row r's first g_r + 1 inputs
         forwards: int,  # M
         drafts: int,  # tokens wanted per row, drafts + max(gaps) <= M
-    ) -> torch.Tensor:
-        """[n, drafts] int64: each row's argmaxes g_r .. g_r + drafts - 1 (forward j's
-        argmax is the token at position s_r + j + 1, so these follow position L_r)."""
+        sampling: Optional[SamplingRows] = None,  # [n] the rows' sampling; None: all greedy
+        generator: Optional[torch.Generator] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """[n, drafts] int64: each row's draws g_r .. g_r + drafts - 1 (forward j's draw
+        is the token at position s_r + j + 1, so these follow position L_r); with
+        ``sampling``, also [n, drafts, V] float32, the distribution q of each (a greedy
+        row's q is unused by the verify)."""
         n = len(starts)
         device = forced.device
         self.forced[:n, : forced.shape[1]].copy_(forced)
@@ -178,16 +227,35 @@ class DraftChains:
             ),
             capture_hidden_mode=CaptureHiddenMode.NULL,
         )
-        if self.graphed(n):
-            _, _, tokens, _ = self.runners[forwards].execute(fb)
+        state = None
+        if sampling is not None:
+            graphed = self.graphed(n, sampled=True)
+            state = self.sampling if graphed else ChainSampling(n, forwards, self.vocab, device)
+            state.load(sampling, generator)
         else:
-            chain = self.chains[forwards]
+            graphed = self.graphed(n)
+        if graphed:
+            runners = self.runners if state is None else self.sampled_runners
+            _, _, tokens, _ = runners[forwards].execute(fb)
+        else:
+            chain = copy.copy(self.chains[forwards])
+            chain.sampling = state
             chain.draft_attn_backend.init_forward_metadata(fb)
             fb.mark_forward_metadata_ready()
             with _without_decode_graphs(self.draft_runner):
                 _, _, tokens, _ = chain.draft_forward(fb)
         first = self.gaps[:n].unsqueeze(1) + torch.arange(drafts, device=device)  # [n, drafts]
-        return tokens.gather(1, first)  # tokens: [n, M]
+        probs = None
+        if state is not None:  # state.probs: [rows, M_longest or M, V]
+            probs = state.probs[:n].gather(1, first.unsqueeze(2).expand(n, drafts, self.vocab))
+        return tokens.gather(1, first), probs  # tokens: [n, M]
+
+
+def _graph_batch_sizes(draft_runner) -> list[int]:
+    """The batch sizes SGLang's draft graph runner captures for this runner."""
+    from sglang.srt.model_executor.runner import get_batch_sizes_to_capture
+
+    return get_batch_sizes_to_capture(draft_runner)[0]
 
 
 @contextmanager
@@ -202,11 +270,13 @@ def _without_decode_graphs(runner) -> Iterator[None]:
         runner.decode_cuda_graph_runner = decode_graphs
 
 
-def build_draft_chains(server_args, draft_runner, k_max: int, enabled: bool) -> Optional[DraftChains]:
-    """The chains, or None (logged) where greedy steps draft one forward at a time:
-    the FASER config turned them off, K_max < 2, or SGLang has no multi-step draft
-    backend for the attention backend. Captured as CUDA graphs unless the device or
-    the decode CUDA graph settings rule graphs out."""
+def build_draft_chains(
+    server_args, draft_runner, k_max: int, enabled: bool, sampled: bool
+) -> Optional[DraftChains]:
+    """The chains (sampled ones too when ``sampled``), or None (logged) where steps
+    draft one forward at a time: the FASER config turned them off, K_max < 2, or SGLang
+    has no multi-step draft backend for the attention backend. Captured as CUDA graphs
+    unless the device or the decode CUDA graph settings rule graphs out."""
     from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, check_cuda_graph_backend
 
     if not enabled or k_max < 2:
@@ -220,15 +290,22 @@ def build_draft_chains(server_args, draft_runner, k_max: int, enabled: bool) -> 
     )
     started, free = time.perf_counter(), _free_device_memory(server_args.device)
     try:
-        chains = DraftChains(server_args, draft_runner, k_max, graphs)
+        chains = DraftChains(server_args, draft_runner, k_max, graphs, sampled)
     except ValueError as e:  # SGLang names an attention backend it has no draft backend for
         logger.info("FASER draft steps: one forward per step (%s)", e)
         return None
     taken = "" if free is None else f", {(free - _free_device_memory(server_args.device)) / 2**30:.2f} GiB"
+    if not graphs:
+        replays = "eager (no decode CUDA graphs)"
+    elif sampled:
+        replays = f"CUDA graphs up to {chains.graph_rows} rows, sampled up to {chains.sampled_graph_rows}"
+    else:
+        replays = f"CUDA graphs up to {chains.graph_rows} rows"
     logger.info(
-        "FASER draft steps: greedy chains of 1..%d forwards, %s, %s (set up in %.1f s%s)",
+        "FASER draft steps: %s chains of 1..%d forwards, %s, %s (set up in %.1f s%s)",
+        "greedy and sampled" if sampled else "greedy",
         k_max + MAX_FORCED_GAP,
-        f"CUDA graphs up to {chains.graph_rows} rows" if graphs else "eager (no decode CUDA graphs)",
+        replays,
         "one attention backend for all" if chains.backends.shared else "an attention backend each",
         time.perf_counter() - started,
         taken,

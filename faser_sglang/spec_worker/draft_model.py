@@ -18,9 +18,10 @@ from faser_sglang.spec_worker.draft_chain import DraftChains, build_draft_chains
 
 
 class DraftModel:
-    def __init__(self, server_args, gpu_id: int, ps, nccl_port: int, *, chains: bool):
+    def __init__(self, server_args, gpu_id: int, ps, nccl_port: int, *, chains: bool, sampled_chains: bool):
         self.server_args = server_args
         self.want_chains = chains
+        self.want_sampled_chains = sampled_chains
         self.chains: Optional[DraftChains] = None  # built in init_cuda_graphs
         self.worker = TpModelWorker(
             server_args=server_args,
@@ -72,9 +73,13 @@ class DraftModel:
         self.worker.init_attention_backends()
 
     def init_cuda_graphs(self) -> None:
-        """The draft's decode graphs (catch-up rows, sampled steps), then the greedy
-        chains of the draft steps after the catch-up (draft_chain.py)."""
+        """The draft's decode graphs (catch-up rows, steps that draft one forward at a
+        time), then the chains of a step's draft forwards (draft_chain.py)."""
         self.worker.init_cuda_graphs(capture_decode_cuda_graph=True)
         self.chains = build_draft_chains(
-            self.server_args, self.draft_runner, self.server_args.speculative_num_steps, self.want_chains
+            self.server_args,
+            self.draft_runner,
+            self.server_args.speculative_num_steps,
+            self.want_chains,
+            self.want_sampled_chains,
         )

@@ -16,7 +16,7 @@ top-p both judge the original distribution.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 import torch
 
@@ -110,19 +110,53 @@ def greedy_tokens(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
 
 def sampling_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     """[n, V] logits -> [n, V] float32 normalised distribution SGLang samples from."""
-    logits = biased(logits.to(torch.float32), rows)
-    probs = torch.softmax(logits / rows.temperatures.unsqueeze(1), dim=-1)
+    return transformed_probs(
+        biased(logits.to(torch.float32), rows),
+        rows.temperatures,
+        rows.top_ks,
+        rows.top_ps,
+        rows.min_ps,
+        rows.top_p_after_top_k,
+    )
+
+
+def transformed_probs(
+    logits: torch.Tensor,  # [n, V] float32, biased
+    temperatures: torch.Tensor,  # [n] float32, > 0
+    top_ks: torch.Tensor,  # [n] int64
+    top_ps: torch.Tensor,  # [n] float32
+    min_ps: torch.Tensor,  # [n] float32
+    top_p_after_top_k: Union[bool, torch.Tensor],  # for the batch, or [n] bool per row
+) -> torch.Tensor:
+    """[n, V] float32: SGLang's sampling transform (module docstring), normalised. With
+    a per-row ``top_p_after_top_k`` it runs without host decisions (CUDA graphs)."""
+    probs = torch.softmax(logits / temperatures.unsqueeze(1), dim=-1)
     probs_sort, probs_idx = probs.sort(dim=-1, descending=True)  # [n, V]
     cum = torch.cumsum(probs_sort, dim=-1)
     rank = torch.arange(probs.shape[-1], device=probs.device).unsqueeze(0)  # [1, V]
-    drop = rank >= rows.top_ks.unsqueeze(1)
-    top_p = rows.top_ps.unsqueeze(1)  # [n, 1]
-    if rows.top_p_after_top_k:
+    drop = rank >= top_ks.unsqueeze(1)
+    top_p = top_ps.unsqueeze(1)  # [n, 1]
+    if isinstance(top_p_after_top_k, torch.Tensor) or top_p_after_top_k:
         # Mass before a token <= top_p x the top-k mass: top-p on the renormalised top-k.
-        last = (rows.top_ks.clamp(max=probs.shape[-1]) - 1).clamp(min=0).unsqueeze(1)  # [n, 1]
-        top_p = top_p * cum.gather(1, last)
+        last = (top_ks.clamp(max=probs.shape[-1]) - 1).clamp(min=0).unsqueeze(1)  # [n, 1]
+        scaled = top_p * cum.gather(1, last)
+        top_p = torch.where(top_p_after_top_k.unsqueeze(1), scaled, top_p) if isinstance(
+            top_p_after_top_k, torch.Tensor
+        ) else scaled
     drop |= (cum - probs_sort) > top_p
-    drop |= probs_sort < (probs_sort[:, :1] * rows.min_ps.unsqueeze(1))
+    drop |= probs_sort < (probs_sort[:, :1] * min_ps.unsqueeze(1))
     probs_sort = probs_sort.masked_fill(drop, 0.0)
     out = torch.zeros_like(probs).scatter_(1, probs_idx, probs_sort)
     return out / out.sum(dim=-1, keepdim=True)
+
+
+def draw(q: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """[n, V] distribution, [n] float64 uniform draws in [0, 1) -> [n] int64 tokens, each
+    the token whose interval of q's cumulative distribution holds its draw: a sample
+    from q (a token of zero mass has an empty interval) that reads nothing back to the
+    host, so that CUDA graphs can hold it. Cumulated in float64: a float32 sum near 1
+    would give a token of mass below 6e-8 no interval at all."""
+    cdf = torch.cumsum(q.to(torch.float64), dim=-1)  # [n, V]
+    total = cdf[:, -1:]
+    point = torch.minimum(uniform.unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
+    return torch.searchsorted(cdf, point, right=True).squeeze(1)

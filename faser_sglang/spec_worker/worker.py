@@ -71,7 +71,9 @@ class FaserWorker(BaseSpecWorker):
         self.k_max: int = server_args.speculative_num_steps
         self.config = FaserConfig.from_env()
         self._target_worker = target_worker
-        self._draft_worker = DraftModel(server_args, gpu_id, ps, nccl_port, chains=self.config.draft_chain)
+        self._draft_worker = DraftModel(
+            server_args, gpu_id, ps, nccl_port, chains=self.config.draft_chain, sampled_chains=self.config.sampled_chain
+        )
         check_draft_matches_target(target_worker, self._draft_worker)
         deployment = None
         if self.config.policy == "adaptive":

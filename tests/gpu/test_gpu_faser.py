@@ -305,3 +305,54 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
         assert max(gaps) >= 3
     if graph_bs is not None:
         assert pieces > 1, "no catch-up ran in pieces"
+
+
+SAMPLED_MIX = (
+    {"temperature": 0.8, "top_k": 8},
+    {"temperature": 1.0, "top_p": 0.9},
+    {"temperature": 0},
+    {"temperature": 1.2, "min_p": 0.05},
+)
+
+
+@pytest.mark.parametrize("graph_bs", [None, 8])
+def test_identity_model_sampled_chains(graph_bs, gpu_models, tmp_path):
+    """Sampling and greedy requests in one batch, the identity model as its own draft:
+    draft steps run as sampled chains, replayed from their CUDA graphs (eagerly past 8
+    rows with ``graph_bs`` 8). Its q equals the target's p up to bf16 rounding, so
+    nearly every draft passes rejection sampling, and only if each chain forward was fed
+    the token the previous one drew (the identity model's next token depends on it
+    alone) and the verify read the q the chain kept. On CPU in float32 the tiny target
+    as its own draft accepts every one (test_e2e_faser.py)."""
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy="random", trace_path=str(trace), seed=7)
+    args = (
+        *BASE_FLAGS, *VARIANTS["flashinfer-bf16-graphs"],
+        "--speculative-algorithm", "FASER",
+        "--speculative-draft-model-path", str(gpu_models.identity),
+        "--speculative-num-steps", str(K_MAX),
+        *(() if graph_bs is None else ("--cuda-graph-max-bs", str(graph_bs))),
+    )  # fmt: skip
+    prompt_ids = _prompt_ids(gpu_models.identity)
+    with launch(gpu_models.identity, args, env=env) as server:
+        with ThreadPoolExecutor(len(prompt_ids)) as pool:
+            outs = list(
+                pool.map(
+                    lambda i: _post(server.base_url, {
+                        "input_ids": prompt_ids[i],
+                        "sampling_params": {**SAMPLED_MIX[i % len(SAMPLED_MIX)], "max_new_tokens": 41, "ignore_eos": True},
+                    }),
+                    range(len(prompt_ids)),
+                )
+            )  # fmt: skip
+    steps = read_trace(trace)
+    drafted = sum(sum(s["draft_lens"]) for s in steps)
+    accepted = sum(sum(s["num_accepted"]) for s in steps)
+    how = Counter(s["draft_steps"] for s in steps if "draft_steps" in s)
+    _record({"test": "identity_sampled_chains", "graph_bs": graph_bs, "drafted": drafted, "accepted": accepted,
+             **how})  # fmt: skip
+    assert all(len(o["output_ids"]) == 41 for o in outs)
+    assert drafted > 0 and accepted >= 0.9 * drafted
+    assert how["graph"] > 0 and how["loop"] == 0
+    if graph_bs is not None:
+        assert how["chain"] > 0, "no chain ran past the captured batch sizes"

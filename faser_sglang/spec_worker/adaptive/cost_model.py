@@ -25,7 +25,7 @@ forward is bound by reading its weights, steeper once the GEMMs become compute
 bound. The allocator prices the per-request terms per draft position, the forward
 counts as whole forwards (a deeper maximum, a catch-up past a piece boundary).
 
-A greedy step's draft forwards for drafts 2..m run as one chain (``spec_worker/draft_chain.py``)
+A step's draft forwards for drafts 2..m run as one chain (``spec_worker/draft_chain.py``)
 in which every drafting request runs to m, so there the two per-request terms are
 
     row_step         * n (m - 1)                  n = requests with k_i > 0

@@ -1,0 +1,98 @@
+"""A sampled chain's draws: from the q it keeps, by SGLang's transform, greedy rows argmax.
+
+The end-to-end checks (the tiny target as its own draft accepts every sampled chain
+draft; chain drafts follow the target's marginals) are in test_e2e_faser.py.
+"""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from faser_sglang.spec_worker.chain_sampling import ChainSampling
+from faser_sglang.spec_worker.sampling import SamplingRows, draw, sampling_probs, transformed_probs
+
+V = 7
+
+
+def _rows(n: int, g: torch.Generator, *, greedy=None, bias=None, after=False) -> SamplingRows:
+    greedy = [False] * n if greedy is None else greedy
+    return SamplingRows(
+        temperatures=torch.rand(n, generator=g) + 0.3,
+        top_ks=torch.randint(1, V + 3, (n,), generator=g),
+        top_ps=torch.rand(n, generator=g) * 0.8 + 0.2,
+        min_ps=torch.rand(n, generator=g) * 0.2,
+        greedy=torch.tensor(greedy),
+        logit_bias=bias,
+        greedy_cpu=tuple(greedy),
+        top_p_after_top_k=after,
+    )
+
+
+def test_draw_follows_q_and_never_picks_a_zero_mass_token():
+    q = torch.tensor([[0.3, 0.0, 0.45, 0.0, 0.25], [0.0, 0.0, 0.0, 0.0, 1.0]])
+    g = torch.Generator().manual_seed(0)
+    n = 20_000
+    tokens = draw(q.repeat_interleave(n, 0), torch.rand(2 * n, dtype=torch.float64, generator=g)).view(2, n)
+    counts = torch.bincount(tokens[0], minlength=5).double()
+    assert counts[1] == 0 and counts[3] == 0
+    assert chisquare(counts[[0, 2, 4]].numpy(), (q[0, [0, 2, 4]].double() * n).numpy()).pvalue > 1e-3
+    assert torch.all(tokens[1] == 4)
+    # A draw at either end of [0, 1) stays inside the support.
+    ends = torch.tensor([0.0, 1.0 - 2**-53], dtype=torch.float64)
+    assert draw(q[:1].expand(2, -1), ends).tolist() == [0, 4]
+
+
+def test_per_row_top_p_after_top_k_matches_the_batch_rule_row_by_row():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, V, generator=g) * 2
+    rows = _rows(6, g)
+    after = torch.tensor([True, False, True, True, False, False])
+    mixed = transformed_probs(logits, rows.temperatures, rows.top_ks, rows.top_ps, rows.min_ps, after)
+    for flag in (False, True):
+        whole = sampling_probs(logits, SamplingRows(**{**rows.__dict__, "top_p_after_top_k": flag}))
+        assert torch.equal(mixed[after == flag], whole[after == flag])
+
+
+def test_chain_sampling_keeps_q_and_draws_from_it():
+    g = torch.Generator().manual_seed(2)
+    state = ChainSampling(rows=8, forwards=3, vocab=V, device="cpu")
+    rows = _rows(5, g, greedy=[False, True, False, False, True], after=True)
+    state.load(rows, g)
+    logits = torch.randn(5, V, generator=g)
+    tokens = state.draw(logits, forward=1)
+    q = sampling_probs(logits, rows)
+    assert torch.allclose(state.probs[:5, 1], q)
+    assert torch.equal(tokens[rows.greedy], torch.argmax(logits[rows.greedy], dim=-1))
+    sampled = ~rows.greedy
+    assert torch.equal(tokens[sampled], draw(q[sampled], state.uniform[:5, 1][sampled]))
+    assert torch.all(q[sampled].gather(1, tokens[sampled].unsqueeze(1)) > 0)
+    # Rows past the loaded ones (a graph replay's padding) transform without NaNs.
+    padded = state.draw(torch.randn(8, V, generator=g), forward=0)
+    assert not torch.isnan(state.probs[:8, 0]).any() and padded.shape == (8,)
+
+
+def test_chain_sampling_draws_follow_q_over_many_loads():
+    g = torch.Generator().manual_seed(3)
+    state = ChainSampling(rows=1, forwards=1, vocab=V, device="cpu")
+    rows = SamplingRows(torch.ones(1), torch.tensor([V - 1]), torch.tensor([0.97]), torch.zeros(1),
+                        torch.zeros(1, dtype=torch.bool), None, (False,))  # fmt: skip
+    logits = torch.randn(1, V, generator=g)
+    counts = torch.zeros(V, dtype=torch.float64)
+    n = 4000
+    for _ in range(n):
+        state.load(rows, g)
+        counts[state.draw(logits, forward=0)] += 1
+    q = sampling_probs(logits, rows)[0].double()
+    support = q > 0
+    assert int(support.sum()) >= 4
+    assert counts[~support].sum() == 0
+    assert chisquare(counts[support].numpy(), (q[support] * n).numpy()).pvalue > 1e-3
+
+
+def test_chain_sampling_refuses_a_bias_and_too_many_rows():
+    g = torch.Generator().manual_seed(4)
+    state = ChainSampling(rows=2, forwards=2, vocab=V, device="cpu")
+    with pytest.raises(ValueError, match="logit bias"):
+        state.load(_rows(2, g, bias=torch.zeros(2, V)), g)
+    with pytest.raises(ValueError, match="3 chain rows"):
+        state.load(_rows(3, g), g)
