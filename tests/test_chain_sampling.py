@@ -96,3 +96,27 @@ def test_chain_sampling_refuses_a_bias_and_too_many_rows():
         state.load(_rows(2, g, bias=torch.zeros(2, V)), g)
     with pytest.raises(ValueError, match="3 chain rows"):
         state.load(_rows(3, g), g)
+
+
+def test_a_nan_distribution_still_draws_a_token_of_the_vocabulary():
+    q = torch.full((2, 5), float("nan"))
+    assert draw(q, torch.tensor([0.3, 0.9], dtype=torch.float64)).max() <= 4
+
+
+@pytest.mark.parametrize(
+    "sampled, graphs, rows, greedy, serves",
+    [
+        (True, True, 64, False, True),  # fits the sampled graphs
+        (True, True, 65, False, False),  # past them: one forward at a time, through the decode graphs
+        (True, True, 500, True, True),  # greedy rows chain at any size (eagerly past the greedy graphs)
+        (True, False, 500, False, True),  # no graphs: every size chains
+        (False, False, 2, False, False),  # sampled chains off
+    ],
+)
+def test_which_batches_a_chain_serves(sampled, graphs, rows, greedy, serves):
+    from types import SimpleNamespace
+
+    from faser_sglang.spec_worker.draft_chain import DraftChains
+
+    chains = SimpleNamespace(sampled=sampled, graphs=graphs, sampled_graph_rows=64 if graphs else 0)
+    assert DraftChains.serves(chains, rows, greedy) is serves

@@ -73,17 +73,16 @@ class DraftPhase:
         """Whether a step over this batch (its requests and SGLang's SamplingBatchInfo)
         runs its draft forwards as one chain, as ``run`` decides for its drafting rows.
         Greedy is judged per request, as ``SamplingRows`` does (SGLang's
-        ``is_all_greedy`` is not recomputed when a batch is filtered). Without sampled
-        chains, a batch with sampling requests also chains when only greedy ones draft;
-        the policy prices it as a loop."""
-        return self._chains_serve(all(greedy_requests(reqs)), sampling_info.logit_bias)
+        ``is_all_greedy`` is not recomputed when a batch is filtered), and the batch's
+        size stands for its drafting rows: where sampling rows chain only up to a size
+        (DraftChains.serves), a batch that drafts fewer rows than it has, or only its
+        greedy ones, may chain where the policy priced one forward per step."""
+        return self._chains_serve(len(reqs), all(greedy_requests(reqs)), sampling_info.logit_bias)
 
-    def _chains_serve(self, all_greedy: bool, logit_bias: Optional[torch.Tensor]) -> bool:
-        """Chains are built, the rows are greedy or sampled chains are built too, and
-        there is no logit bias (it would have to be added at every forward)."""
-        return (
-            self.chains is not None and (all_greedy or self.chains.sampled) and logit_bias is None
-        )
+    def _chains_serve(self, rows: int, all_greedy: bool, logit_bias: Optional[torch.Tensor]) -> bool:
+        """Chains are built, serve these rows (DraftChains.serves), and there is no
+        logit bias (it would have to be added at every forward)."""
+        return self.chains is not None and logit_bias is None and self.chains.serves(rows, all_greedy)
 
     def run(
         self,
@@ -109,7 +108,7 @@ class DraftPhase:
 
         m = max(k[i] for i in active)
         greedy = all(sampling.greedy_cpu[i] for i in active)
-        chained = m > 1 and self._chains_serve(greedy, sampling.logit_bias)
+        chained = m > 1 and self._chains_serve(len(active), greedy, sampling.logit_bias)
         gaps = [seq_lens[i] - draft_kv_lens[i] for i in active]  # committed tokens each row's draft KV lacks
         forwards = 0
         active_t = device_tensor(active, device) if chained else None

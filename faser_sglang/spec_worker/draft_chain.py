@@ -9,12 +9,13 @@ advance), so the forwards run as one unit, the way SGLang's EAGLE and STANDALONE
 drafters run theirs: one multi-step attention backend (an attention backend per
 forward, all planned before the first) and, where decode CUDA graphs run, one replay
 of a graph SGLang's ``EAGLEDraftCudaGraphRunner`` captured around
-``_Chain.draft_forward``. Batches larger than the captured sizes, and devices without
-CUDA graphs, run the same ``draft_forward`` eagerly after one multi-step plan. There is
-one greedy chain per number of forwards M in 1..K_max + MAX_FORCED_GAP, and as many
-sampled ones (rows that sample keep each draw's distribution q), whose graphs are
-captured up to SAMPLED_GRAPH_ROWS rows: the q of every captured row and forward is a
-[rows, M, V] float32 buffer.
+``_Chain.draft_forward``. Greedy batches larger than the captured sizes, and devices
+without CUDA graphs, run the same ``draft_forward`` eagerly after one multi-step plan.
+There is one greedy chain per number of forwards M in 1..K_max + MAX_FORCED_GAP, and
+as many sampled ones (rows that sample keep each draw's distribution q), whose graphs
+are captured up to SAMPLED_GRAPH_ROWS rows: the q of every captured row and forward is
+a [rows, M, V] float32 buffer. Larger sampled batches draft one forward at a time
+where graphs run (``DraftChains.serves``).
 
 A chain row r starts at position s_r, the first position its draft KV lacks, and is
 fed g_r + 1 *forced* tokens known in advance (g_r <= MAX_FORCED_GAP) before its own
@@ -70,9 +71,9 @@ logger = logging.getLogger(__name__)
 # At most 1: the chain must not write past the verify's last position (module docstring).
 MAX_FORCED_GAP = 1
 # Rows up to which sampled chains are captured as CUDA graphs; larger sampled batches
-# run their chain eagerly. Their q buffer is [rows, K_max + 1, V] float32 (297 MiB at
-# 64 rows, K_max = 7 and a 152k vocabulary), and at large batches a step's GPU time,
-# not its host time, dominates.
+# draft one forward at a time (DraftChains.serves). Their q buffer is [rows, K_max + 1,
+# V] float32 (297 MiB at 64 rows, K_max = 7 and a 152k vocabulary), and at large
+# batches a step's GPU time, not its host time, dominates.
 SAMPLED_GRAPH_ROWS = 64
 
 
@@ -146,14 +147,23 @@ class DraftChains:
         self.chains = {
             m: _Chain(draft_runner, self.backends.backend(m), m, self.forced, self.gaps) for m in range(1, longest + 1)
         }
-        self.sampled = sampled
+        self.graphs = graphs
         self.runners = self._capture(self.chains) if graphs else {}
         self.graph_rows = min((r.max_captured for r in self.runners.values()), default=0)
         # The sampled chains' graphs and the sampling state they read (module docstring).
+        # A second capture needs the shared backend: one of a chain's own would set its
+        # graph state up again, under the greedy chain's graphs.
+        self.sampled, self.sampled_off = sampled, None
+        sampled_rows = (
+            max((bs for bs in _graph_batch_sizes(draft_runner) if bs <= SAMPLED_GRAPH_ROWS), default=0) if graphs else 0
+        )
+        if sampled and graphs and not self.backends.shared:
+            self.sampled, self.sampled_off = False, "the attention backend's chains do not share one backend"
+        elif sampled and graphs and not sampled_rows:
+            self.sampled, self.sampled_off = False, f"no decode graph batch size is <= {SAMPLED_GRAPH_ROWS}"
         self.sampling: Optional[ChainSampling] = None
         self.sampled_runners: dict = {}
-        if graphs and sampled:
-            sampled_rows = max(bs for bs in _graph_batch_sizes(draft_runner) if bs <= SAMPLED_GRAPH_ROWS)
+        if graphs and self.sampled:
             self.sampling = ChainSampling(sampled_rows, longest, self.vocab, draft_runner.device)
             sampled_chains = {m: copy.copy(chain) for m, chain in self.chains.items()}
             for chain in sampled_chains.values():
@@ -180,6 +190,13 @@ class DraftChains:
                 m: Graphs(chain, draft_attn_backend=chain.draft_attn_backend, speculative_num_steps=chain.speculative_num_steps)
                 for m, chain in chains.items()
             }
+
+    def serves(self, rows: int, greedy: bool) -> bool:
+        """Whether a chain drafts for this many rows: greedy ones always; sampling ones
+        where sampled chains are built and, with graphs, fit the sampled graphs. A larger
+        sampled batch drafts one forward at a time, replaying the draft's decode graphs,
+        rather than running a chain's forwards eagerly with a [rows, M, V] q of its own."""
+        return greedy or (self.sampled and (not self.graphs or rows <= self.sampled_graph_rows))
 
     def graphed(self, rows: int, sampled: bool = False) -> bool:
         """Whether a chain over this many rows replays a CUDA graph."""
@@ -297,13 +314,15 @@ def build_draft_chains(
     taken = "" if free is None else f", {(free - _free_device_memory(server_args.device)) / 2**30:.2f} GiB"
     if not graphs:
         replays = "eager (no decode CUDA graphs)"
-    elif sampled:
+    elif chains.sampled:
         replays = f"CUDA graphs up to {chains.graph_rows} rows, sampled up to {chains.sampled_graph_rows}"
     else:
         replays = f"CUDA graphs up to {chains.graph_rows} rows"
+    if chains.sampled_off is not None:
+        logger.info("FASER draft steps: sampled steps draft one forward at a time (%s)", chains.sampled_off)
     logger.info(
         "FASER draft steps: %s chains of 1..%d forwards, %s, %s (set up in %.1f s%s)",
-        "greedy and sampled" if sampled else "greedy",
+        "greedy and sampled" if chains.sampled else "greedy",
         k_max + MAX_FORCED_GAP,
         replays,
         "one attention backend for all" if chains.backends.shared else "an attention backend each",

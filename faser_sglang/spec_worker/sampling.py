@@ -159,4 +159,5 @@ def draw(q: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     cdf = torch.cumsum(q.to(torch.float64), dim=-1)  # [n, V]
     total = cdf[:, -1:]
     point = torch.minimum(uniform.unsqueeze(1) * total, torch.nextafter(total, torch.zeros_like(total)))  # < total
-    return torch.searchsorted(cdf, point, right=True).squeeze(1)
+    # A NaN distribution would point past the vocabulary; a token id must stay in it.
+    return torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_(max=q.shape[-1] - 1)

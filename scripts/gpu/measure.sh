@@ -51,7 +51,9 @@
 # STEP_PROFILE="<contenders>" (e.g. "faser-k3 faser-k3@draft_chain=false faser-ad", or with server flags of
 # their own, "faser-k3 faser-k3+speculative-draft-attention-backend=triton") profiles, in call 3
 # before the A/B, where each one's decode steps spend their time at STEP_CONCURRENCY requests
-# (default "1 4 8"; scripts/profile_step.py: steps/steps.md).
+# (default "1 4 8"; scripts/profile_step.py: steps/steps.md); STEP_TEMPERATURE=0.8 profiles
+# sampled requests (a sampled chain; "faser-k3@sampled_chain=false" drafts them one forward
+# at a time).
 # PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
 # default, 7.18B / 0.42B; cost-faithful-14b, 13.5B / 0.42B); the same value on every call.
 #
@@ -168,7 +170,7 @@ case ${1:?call: 1|2|3|4} in
       if [[ -n '${STEP_PROFILE:-}' ]]; then  # where a decode step's time goes, per phase (steps/steps.md)
         CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_step.py --target $MODELS/target --draft $MODELS/draft \
           --out $RES/steps --contenders ${STEP_PROFILE:-} --faser-ad-config $RES/faser-ad-untraced.json --k-max 7 \
-          --concurrency ${STEP_CONCURRENCY:-1 4 8} --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -80 || true
+          --concurrency ${STEP_CONCURRENCY:-1 4 8} --temperature ${STEP_TEMPERATURE:-0} --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -80 || true
         rm -f $RES/steps/*.trace.json.gz  # megabytes each; steps.json holds what they say
       fi
       rm -f $RES/spy.pid

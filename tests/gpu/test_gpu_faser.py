@@ -318,8 +318,8 @@ SAMPLED_MIX = (
 @pytest.mark.parametrize("graph_bs", [None, 8])
 def test_identity_model_sampled_chains(graph_bs, gpu_models, tmp_path):
     """Sampling and greedy requests in one batch, the identity model as its own draft:
-    draft steps run as sampled chains, replayed from their CUDA graphs (eagerly past 8
-    rows with ``graph_bs`` 8). Its q equals the target's p up to bf16 rounding, so
+    draft steps run as sampled chains, replayed from their CUDA graphs (with ``graph_bs``
+    8, steps of more drafting rows draft one forward at a time). Its q equals the target's p up to bf16 rounding, so
     nearly every draft passes rejection sampling, and only if each chain forward was fed
     the token the previous one drew (the identity model's next token depends on it
     alone) and the verify read the q the chain kept. On CPU in float32 the tiny target
@@ -353,6 +353,8 @@ def test_identity_model_sampled_chains(graph_bs, gpu_models, tmp_path):
              **how})  # fmt: skip
     assert all(len(o["output_ids"]) == 41 for o in outs)
     assert drafted > 0 and accepted >= 0.9 * drafted
-    assert how["graph"] > 0 and how["loop"] == 0
-    if graph_bs is not None:
-        assert how["chain"] > 0, "no chain ran past the captured batch sizes"
+    assert how["graph"] > 0
+    if graph_bs is None:  # every step fits the graphs
+        assert how["loop"] == 0 and how["chain"] == 0
+    else:
+        assert how["loop"] > 0, "no sampled step past the sampled graphs drafted one forward at a time"
