@@ -85,3 +85,33 @@ def test_no_spec_runs_first_and_is_required(capsys):
     assert ab.baseline_first(["no-spec", "faser"]) == ["no-spec", "faser"]
     with pytest.raises(SystemExit, match="must include no-spec"):
         ab.baseline_first(["faser", "standalone-k3"])
+
+
+def test_ab_with_sampled_requests(tiny_models, tmp_path, cpu_server_env, capsys):
+    """--temperature: every request samples; outputs are not compared with no-spec."""
+    out = tmp_path / "ab"
+    rc = ab.main(
+        [
+            "--target", str(tiny_models.target), "--draft", str(tiny_models.draft), "--out", str(out),
+            "--k-max", "4", "--contenders", "no-spec", "faser",
+            "--rate", "1.5", "--peak-to-valley", "6", "--duration", "8", "--burst-min", "2", "--burst-max", "4",
+            "--max-new-tokens", "24", "--temperature", "0.8", "--top-p", "0.9",
+            "--server-args", *CPU_SERVER_FLAGS,
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["sampling"] == {"temperature": 0.8, "top_p": 0.9, "ignore_eos": True}
+    assert run["greedy_mismatches_vs_no_spec"] == {}
+    assert "outputs are not compared with no-spec" in capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    faser = next(s for s in report["summaries"] if s["contender"] == "faser")
+    assert faser["accept_length"] is not None and faser["accept_length"] >= 1.0
+
+
+def test_sampling_params_and_their_checks():
+    assert ab.sampling_params(0.0, 0.9) == ab.GREEDY
+    assert ab.sampling_params(0.7, 0.95) == {"temperature": 0.7, "top_p": 0.95, "ignore_eos": True}
+    for bad in (["--temperature", "-1"], ["--temperature", "0.5", "--top-p", "0"]):
+        with pytest.raises(SystemExit):
+            ab.main(["--target", "t", "--draft", "d", "--out", "/tmp/unused", *bad])

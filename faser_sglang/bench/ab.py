@@ -6,7 +6,8 @@
         [--contenders no-spec no-spec-control standalone-k1 standalone-k3 standalone-k5 standalone-k7 \
                       ngram adaptive faser faser-ad faser-ad-sync faser-ad@KEY=VALUE,...] \
         [--faser-config F] [--faser-ad-config F] [--gpus 0 1] \
-        [--sweep-rates 1 4 16] [--sweep-duration 30] [--quick] [--server-args ...]
+        [--sweep-rates 1 4 16] [--sweep-duration 30] [--temperature 0.8 [--top-p 0.95]] \
+        [--quick] [--server-args ...]
 
 Contenders are real SGLang servers launched one after another on the same GPU (or,
 with ``--gpus``, dealt onto one lane per GPU of the same machine, lanes running at
@@ -19,7 +20,10 @@ SGLang's synchronous schedule; ``faser-ad@draft_prefill=eager`` and the like: th
 keys replaced, to A/B a FASER setting in the same run). Each replays the same seeded trace (Poisson or bursty
 Markov-modulated Poisson) of the same workload, greedy, and the run checks every
 contender produced the same tokens as no-spec (a mismatch is printed loudly: greedy
-speculation must be lossless up to bf16 near-ties). ``no-spec-control`` serves no-spec a
+speculation must be lossless up to bf16 near-ties). With ``--temperature`` every request
+samples instead (with ``--top-p``), as most served traffic does; sampled outputs are
+not compared (the statistical tests check that sampled speculation follows the
+target's distribution). ``no-spec-control`` serves no-spec a
 second time: its mismatches are the noise floor of that check (batches differ between
 runs under a dynamic trace, and bf16 GPU decoding is not batch-invariant), and its row
 in the table the run-to-run spread of the timings. With ``--sweep-rates`` each
@@ -60,6 +64,13 @@ UNAVAILABLE = {
 }
 WINDOW_S = 5.0
 GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+def sampling_params(temperature: float, top_p: float) -> dict:
+    """Every request's sampling parameters: greedy at temperature 0."""
+    if temperature == 0:
+        return dict(GREEDY)
+    return {"temperature": temperature, "top_p": top_p, "ignore_eos": True}
 
 
 @dataclass(frozen=True)
@@ -159,12 +170,12 @@ def run_one(args: argparse.Namespace, replays: Sequence[Replay], name: str, gpu:
     with servers.launch(args.target, (*args.server_args, *c.args), env=env, timeout=1200) as server:
         print(f"[ab] {name}: ready in {time.monotonic() - t0:.0f}s{where}", flush=True)
         warm = replays[0].reqs[:4]
-        replay(server.base_url, warm, [0.0] * len(warm), GREEDY)
+        replay(server.base_url, warm, [0.0] * len(warm), args.sampling)
         for r in replays:
             servers.flush_cache(server.base_url)
             what = "main trace" if r.rate is None else f"Poisson {r.rate:g} req/s"
             print(f"[ab] {name}: {what}, {len(r.reqs)} requests", flush=True)
-            result = replay(server.base_url, r.reqs, list(r.trace.arrivals), GREEDY)
+            result = replay(server.base_url, r.reqs, list(r.trace.arrivals), args.sampling)
             failed = [t for t in result.timings if t.error]
             if failed:
                 raise RuntimeError(f"{name} ({what}): {len(failed)} requests failed, e.g. {failed[0].error}")
@@ -266,12 +277,12 @@ def write_outputs(
 ) -> dict[str, int]:
     """report.json, table.md, run.json, requests.jsonl, over_time.png and rate_sweep.png for the
     contenders in ``runs_by_replay`` ([replay][contender]); returns the greedy
-    mismatches against no-spec."""
+    mismatches against no-spec (none when requests sample)."""
     main_replay, runs = replays[0], runs_by_replay[0]
     if not runs:
         return {}
     report = build(args, runs, main_replay.trace, main_replay.reqs)
-    mismatches = greedy_mismatches(runs)
+    mismatches = greedy_mismatches(runs) if args.temperature == 0 else {}
     sweep = rate_sweep(args, replays, runs_by_replay)
     if sweep:
         rep.plot_rate_sweep(sweep, args.out / "rate_sweep.png")
@@ -286,6 +297,7 @@ def write_outputs(
         "requests": len(main_replay.reqs),
         "contenders_done": [r.name for r in runs],
         "trace_phase_rates": main_replay.trace.phase_rates(),
+        "sampling": args.sampling,
         "greedy_mismatches_vs_no_spec": mismatches,
         "not_run": {k: v for k, v in UNAVAILABLE.items() if k in args.contenders},
     }
@@ -314,9 +326,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sweep-duration", type=float, default=None, help="seconds per sweep rate (default --duration)")
     p.add_argument("--contenders", nargs="+", default=list(ALL_CONTENDERS))
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: every request samples (default greedy)")
+    p.add_argument("--top-p", type=float, default=1.0, help="of sampled requests, in (0, 1]")
     p.add_argument("--quick", action="store_true", help="60 s trace, three contenders")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="passed to every server (last)")
     args = p.parse_args(argv)
+    if args.temperature < 0:
+        p.error("--temperature must be >= 0")
+    if not 0 < args.top_p <= 1:
+        p.error("--top-p must be in (0, 1]")
+    args.sampling = sampling_params(args.temperature, args.top_p)
     if args.quick:
         args.duration = min(args.duration, 60.0)
         args.contenders = [c for c in args.contenders if c in QUICK_CONTENDERS] or list(QUICK_CONTENDERS)
@@ -337,6 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs_by_replay = run_contenders(args, replays, lambda runs: write_outputs(args, replays, runs))
     mismatches = write_outputs(args, replays, runs_by_replay)
     print((args.out / "table.md").read_text())
+    if args.temperature > 0:
+        print(f"[ab] requests sampled ({args.sampling}): outputs are not compared with no-spec")
     for name, n in mismatches.items():
         if name == servers.CONTROL:
             note = "  (no-spec against itself: the noise floor of this check)"

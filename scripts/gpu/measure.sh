@@ -39,7 +39,8 @@
 # first, since a machine taken back mid-run keeps only what finished.
 #
 # SWEEP_RATES="" leaves the rate sweep out. RATE sets the bursty trace's mean request rate
-# (default 6). AD_TRACE=1 has FASER-AD trace its decode steps and checks them against the
+# (default 6). AB_TEMPERATURE=0.8 has every A/B request sample (top-p 0.95) instead of
+# decoding greedily. AD_TRACE=1 has FASER-AD trace its decode steps and checks them against the
 # cost model after the A/B (scripts/check_costs.py: check-costs.md, faser-ad-steps.csv).
 # LAZY_PROFILE=<batch sizes, e.g. 1,4,16,64,1,4,16,64> adds, after the A/B, a profile with
 # lazy draft prefill (16-token requests, so many steps pay a prompt-long catch-up) whose
@@ -100,6 +101,7 @@ AB_CMD="python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS
   --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
   --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
   --sweep-rates ${SWEEP_RATES-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
+  --temperature ${AB_TEMPERATURE:-0} --top-p 0.95 \
   --server-args $BIG_FLAGS 2>&1 | grep --line-buffered -v '^\[20' || true"  # later stages run regardless
 
 case ${1:?call: 1|2|3|4} in
