@@ -150,7 +150,10 @@ case ${1:?call: 1|2|3|4} in
     receive_gguf
     # AD_TRACE=1: FASER-AD traces every decode step (synchronizing at each phase, so its
     # timings are a diagnosis, not a contender's speed), checked against the cost model.
-    echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"${AD_TRACE:+, \"trace_path\": \"$RES/faser-ad-trace.jsonl\"}}" > $RES/faser-ad.json
+    # A greedy A/B (no AB_TEMPERATURE) has no sampled step: FASER-AD skips capturing the
+    # sampled chains' graphs (about 30 s of its start on the 13.5B pair), which serve none.
+    SAMPLED_CHAIN=$( [[ ${AB_TEMPERATURE:-0} == 0 ]] && echo ', "sampled_chain": false')
+    echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"${AD_TRACE:+, \"trace_path\": \"$RES/faser-ad-trace.jsonl\"}$SAMPLED_CHAIN}" > $RES/faser-ad.json
     # The step profile's faser-ad, never traced (a trace synchronizes every phase).
     echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"}" > $RES/faser-ad-untraced.json
     rm -f $RES/faser-ad-trace.jsonl
