@@ -264,7 +264,8 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
     draft steps replay one captured chain (draft_chain.py), which feeds the catch-up
     itself when no row lags more than MAX_FORCED_GAP tokens. With
     decode graphs of at most 8 rows a catch-up of 9-64 tokens replays them in pieces,
-    and chains over more than 8 rows run eagerly."""
+    and chains over more than 8 rows run eagerly. The FlashInfer servers with random
+    lengths then serve sampling requests too (``_check_sampled_chains``)."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7)
     args = (
@@ -275,13 +276,21 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
         *(() if graph_bs is None else ("--cuda-graph-max-bs", str(graph_bs))),
         *FASER_FLAGS.get(variant, ()),
     )  # fmt: skip
+    sampled = variant == "flashinfer-bf16-graphs" and policy == "random"
     with launch(gpu_models.identity, args, env=env) as server:
         outs = _generate_all(
             server.base_url,
             _prompt_ids(gpu_models.identity),
             {"max_new_tokens": 41, "temperature": 0, "ignore_eos": True},
         )
+        sampled_outs = []
+        if sampled:
+            sampled_outs = _generate_mixed(server.base_url, _prompt_ids(gpu_models.identity), SAMPLED_MIX, 41)
     steps = read_trace(trace)
+    if sampled:  # the two rounds' steps apart, by their requests
+        ids = {o["meta_info"]["id"] for o in sampled_outs}
+        _check_sampled_chains([s for s in steps if ids & set(s["rids"])], sampled_outs, graph_bs)
+        steps = [s for s in steps if not ids & set(s["rids"])]
     drafted = sum(sum(s["draft_lens"]) for s in steps)
     accepted = sum(sum(s["num_accepted"]) for s in steps)
     mean_len = sum(o["meta_info"]["spec_accept_length"] for o in outs) / len(outs)
@@ -315,37 +324,25 @@ SAMPLED_MIX = (
 )
 
 
-@pytest.mark.parametrize("graph_bs", [None, 8])
-def test_identity_model_sampled_chains(graph_bs, gpu_models, tmp_path):
+def _generate_mixed(url: str, prompt_ids: list[list[int]], mix: tuple[dict, ...], max_new_tokens: int) -> list[dict]:
+    """All prompts at once, prompt i with sampling parameters mix[i % len(mix)]."""
+    def one(i: int) -> dict:
+        params = {**mix[i % len(mix)], "max_new_tokens": max_new_tokens, "ignore_eos": True}
+        return _post(url, {"input_ids": prompt_ids[i], "sampling_params": params})
+
+    with ThreadPoolExecutor(len(prompt_ids)) as pool:
+        return list(pool.map(one, range(len(prompt_ids))))
+
+
+def _check_sampled_chains(steps: list[dict], outs: list[dict], graph_bs) -> None:
     """Sampling and greedy requests in one batch, the identity model as its own draft:
-    draft steps run as sampled chains, replayed from their CUDA graphs (with ``graph_bs``
-    8, steps of more drafting rows draft one forward at a time). Its q equals the target's p up to bf16 rounding, so
-    nearly every draft passes rejection sampling, and only if each chain forward was fed
-    the token the previous one drew (the identity model's next token depends on it
-    alone) and the verify read the q the chain kept. On CPU in float32 the tiny target
-    as its own draft accepts every one (test_e2e_faser.py)."""
-    trace = tmp_path / "trace.jsonl"
-    env = write_faser_config(tmp_path / "faser.json", policy="random", trace_path=str(trace), seed=7)
-    args = (
-        *BASE_FLAGS, *VARIANTS["flashinfer-bf16-graphs"],
-        "--speculative-algorithm", "FASER",
-        "--speculative-draft-model-path", str(gpu_models.identity),
-        "--speculative-num-steps", str(K_MAX),
-        *(() if graph_bs is None else ("--cuda-graph-max-bs", str(graph_bs))),
-    )  # fmt: skip
-    prompt_ids = _prompt_ids(gpu_models.identity)
-    with launch(gpu_models.identity, args, env=env) as server:
-        with ThreadPoolExecutor(len(prompt_ids)) as pool:
-            outs = list(
-                pool.map(
-                    lambda i: _post(server.base_url, {
-                        "input_ids": prompt_ids[i],
-                        "sampling_params": {**SAMPLED_MIX[i % len(SAMPLED_MIX)], "max_new_tokens": 41, "ignore_eos": True},
-                    }),
-                    range(len(prompt_ids)),
-                )
-            )  # fmt: skip
-    steps = read_trace(trace)
+    draft steps run as sampled chains replayed from their CUDA graphs (with ``graph_bs``
+    8, steps of more drafting rows draft one forward at a time). Its q equals the
+    target's p up to bf16 rounding, so nearly every draft passes rejection sampling, and
+    only if each chain forward was fed the token the previous one drew (the identity
+    model's next token depends on it alone) and the verify read the q the chain kept.
+    On CPU in float32 the tiny target as its own draft accepts every one
+    (test_e2e_faser.py)."""
     drafted = sum(sum(s["draft_lens"]) for s in steps)
     accepted = sum(sum(s["num_accepted"]) for s in steps)
     how = Counter(s["draft_steps"] for s in steps if "draft_steps" in s)
