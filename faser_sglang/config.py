@@ -84,11 +84,11 @@ class FaserConfig:
     # as one CUDA graph where decode CUDA graphs run (spec_worker/draft_chain.py).
     # false: one forward per draft step.
     draft_chain: bool = True
-    # Chain steps where sampling requests draft too (with draft_chain): a second set of
-    # chain graphs, captured up to 64 rows (larger sampled batches draft one forward at a
-    # time), and their [rows, K_max + 1, V] float32 buffer of the drafts' distributions
-    # (297 MiB at 64 rows, K_max = 7, a 152k vocabulary). false: sampled steps draft one
-    # forward at a time.
+    # Chain steps where sampling or logit-biased requests draft too (with draft_chain): a
+    # second set of chain graphs, captured up to 64 rows (larger such batches draft one
+    # forward at a time), and their [rows, K_max + 1, V] float32 buffer of the drafts'
+    # distributions (297 MiB at 64 rows, K_max = 7, a 152k vocabulary; 37 MiB more for
+    # the bias). false: such steps draft one forward at a time.
     sampled_chain: bool = True
 
     @property

@@ -89,13 +89,30 @@ def test_chain_sampling_draws_follow_q_over_many_loads():
     assert chisquare(counts[support].numpy(), (q[support] * n).numpy()).pvalue > 1e-3
 
 
-def test_chain_sampling_refuses_a_bias_and_too_many_rows():
+def test_chain_sampling_refuses_too_many_rows():
     g = torch.Generator().manual_seed(4)
     state = ChainSampling(rows=2, forwards=2, vocab=V, device="cpu")
-    with pytest.raises(ValueError, match="logit bias"):
-        state.load(_rows(2, g, bias=torch.zeros(2, V)), g)
     with pytest.raises(ValueError, match="3 chain rows"):
         state.load(_rows(3, g), g)
+
+
+def test_a_logit_bias_is_added_before_every_draw_and_cleared_after():
+    """Greedy rows take the argmax of the biased logits, sampling rows draw from the
+    transform of them, as SGLang's sampler; a later unbiased batch sees no old bias."""
+    g = torch.Generator().manual_seed(5)
+    state = ChainSampling(rows=4, forwards=2, vocab=V, device="cpu")
+    logits = torch.randn(3, V, generator=g)
+    bias = torch.zeros(3, V)
+    bias[:, torch.argmax(logits, dim=-1)] = -100.0  # bans every row's own argmax
+    rows = _rows(3, g, greedy=[True, False, True], bias=bias)
+    state.load(rows, g)
+    tokens = state.draw(logits, forward=0)
+    assert torch.equal(tokens[rows.greedy], torch.argmax(logits + bias, dim=-1)[rows.greedy])
+    assert torch.allclose(state.probs[:3, 0], sampling_probs(logits, rows))
+    unbiased = SamplingRows(**{**rows.__dict__, "logit_bias": None})
+    state.load(unbiased, g)
+    assert not state.bias.any()
+    assert torch.equal(state.draw(logits, forward=1)[rows.greedy], torch.argmax(logits, dim=-1)[rows.greedy])
 
 
 def test_a_nan_distribution_still_draws_a_token_of_the_vocabulary():

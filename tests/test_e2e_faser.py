@@ -156,6 +156,20 @@ def test_mixed_sampling_params_in_one_batch(nospec, faser):
         assert all(len(o["output_ids"]) == 24 for o in results[f"s{i}"])
 
 
+def test_greedy_with_a_logit_bias_equals_no_speculation(nospec, faser):
+    """A logit bias that bans the reference's most frequent token and favours another:
+    FASER's drafts, verify and acceptance all take the argmax of the biased logits,
+    as SGLang's sampler does, so output equals no-spec's with the same bias (and
+    differs from the unbiased output, or the bias tested nothing)."""
+    plain = ids(generate(nospec.base_url, PROMPTS, GREEDY))
+    frequent = Counter(t for out in plain for t in out).most_common(2)
+    bias = {str(frequent[0][0]): -100.0, str(frequent[1][0]): 2.0}
+    params = {**GREEDY, "logit_bias": bias}
+    reference = ids(generate(nospec.base_url, PROMPTS, params))
+    assert reference != plain
+    assert ids(generate(faser.base_url, PROMPTS, params)) == reference
+
+
 def test_sampled_tokens_follow_target_distribution(tiny_models, faser):
     assert_second_token_follows_target(tiny_models, faser.base_url)
 
@@ -298,16 +312,23 @@ SAMPLED_MIX = (
 
 
 def test_sampled_self_draft_chain_accepts_every_token(tiny_models, tmp_path):
-    """The tiny target as its own draft, sampling and greedy requests in one batch,
-    random lengths: a sampled draft d ~ q passes with probability min(1, p(d) / q(d)),
-    which is 1 only if the chain's q is the target's own transform of the same logits
-    (temperature, top-k, top-p, min-p) at the right positions, after the chain fed each
-    draw to the next forward. So every draft is accepted iff the sampled chain feeds and
-    keeps what it drew. No step drafts one forward at a time: sampled steps chain."""
+    """The tiny target as its own draft, sampling, greedy and logit-biased requests in
+    one batch, random lengths: a sampled draft d ~ q passes with probability
+    min(1, p(d) / q(d)), which is 1 only if the chain's q is the target's own transform
+    of the same logits (bias, temperature, top-k, top-p, min-p) at the right positions,
+    after the chain fed each draw to the next forward, and a biased greedy draft passes
+    only if the chain took the argmax of the biased logits. So every draft is accepted
+    iff the sampled chain feeds and keeps what it drew. No step drafts one forward at a
+    time: sampled and biased steps chain."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", policy="random", trace_path=str(trace), seed=11)
     with launch_faser(tiny_models.target, tiny_models.target, env) as server:
-        params = [{**SAMPLED_MIX[i % len(SAMPLED_MIX)], "max_new_tokens": 40, "ignore_eos": True} for i in range(8)]
+        # Biases that matter: ban the tokens greedy decoding emits most, favour the next.
+        plain = ids(generate(server.base_url, PROMPTS, {**GREEDY, "max_new_tokens": 16}))
+        top = [t for t, _ in Counter(t for out in plain for t in out).most_common(3)]
+        bias = {str(top[0]): -100.0, str(top[1]): -100.0, str(top[2]): 3.0}
+        mix = (*SAMPLED_MIX, {"temperature": 0, "logit_bias": bias}, {"temperature": 0.9, "logit_bias": bias})
+        params = [{**mix[i % len(mix)], "max_new_tokens": 40, "ignore_eos": True} for i in range(len(PROMPTS))]
         results: list[dict] = [{} for _ in params]
 
         def run(i: int) -> None:

@@ -8,8 +8,9 @@ row and forward is drawn outside it. Forward j of row r then applies SGLang's sa
 transform to its logits (sampling.transformed_probs), keeps that distribution q as
 ``probs[r, j]`` for the verify's rejection sampling, and takes the token whose interval
 of q's cumulative distribution holds ``uniform[r, j]`` (sampling.draw): a sample from
-q. A greedy row takes the argmax. A chain's rows carry no logit bias (draft.py sends
-biased batches through the per-forward loop).
+q. A greedy row takes the argmax. A request's logit bias is added to every forward's
+logits first, as SGLang's sampler adds it (greedy rows too), so a biased batch chains
+through this state even when every row is greedy.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class ChainSampling:
         self.min_ps = torch.zeros(rows, dtype=torch.float32, device=device)
         self.greedy = torch.zeros(rows, dtype=torch.bool, device=device)
         self.top_p_after_top_k = torch.zeros(rows, dtype=torch.bool, device=device)
+        self.bias = torch.zeros((rows, vocab), dtype=torch.float32, device=device)  # [rows, V] logit bias
+        self._biased = 0  # leading rows whose bias may be non-zero
         self.uniform = torch.zeros((rows, forwards), dtype=torch.float64, device=device)  # [rows, M]
         self.probs = torch.zeros((rows, forwards, vocab), dtype=torch.float32, device=device)  # [rows, M, V] q
 
@@ -45,8 +48,6 @@ class ChainSampling:
         n = len(rows.greedy_cpu)
         if n > self.rows:
             raise ValueError(f"{n} chain rows, sampling state for {self.rows}")
-        if rows.logit_bias is not None:
-            raise ValueError("a chain's rows carry no logit bias")
         for mine, theirs in (
             (self.temperatures, rows.temperatures),
             (self.top_ks, rows.top_ks),
@@ -56,14 +57,21 @@ class ChainSampling:
         ):
             mine[:n].copy_(theirs)
         self.top_p_after_top_k[:n] = rows.top_p_after_top_k
+        if rows.logit_bias is not None:
+            self.bias[:n].copy_(rows.logit_bias[:, : self.bias.shape[1]])
+            self._biased = max(self._biased, n)
+        elif self._biased:  # an earlier batch's bias would otherwise stay in these rows
+            self.bias[: self._biased].zero_()
+            self._biased = 0
         self.uniform[:n].uniform_(generator=generator)
 
     def draw(self, logits: torch.Tensor, forward: int) -> torch.Tensor:
         """[bs, V] logits of chain forward ``forward`` -> [bs] int64 tokens; keeps their
         distributions in ``probs[:bs, forward]``."""
         bs = logits.shape[0]
+        logits = logits.to(torch.float32) + self.bias[:bs]
         q = transformed_probs(
-            logits.to(torch.float32),
+            logits,
             self.temperatures[:bs],
             self.top_ks[:bs],
             self.top_ps[:bs],

@@ -6,15 +6,17 @@ token at position L_i has no draft KV yet; drafting feeds those first. m = max(k
 
 - Steps with m > 1 run as one chain (draft_chain.py: one multi-step attention plan
   and, where decode CUDA graphs run, one graph replay), every drafting row to m; a
-  sampling row keeps each draft's distribution q for rejection sampling
-  (chain_sampling.py). When every g_i <= MAX_FORCED_GAP the chain itself feeds the
-  missing tokens and the bonus token before drafting: the step's whole draft phase is
-  one replay. Otherwise a catch-up (below) gives d1 and the chain drafts d2..d_m.
-- Otherwise (m = 1, no chains, sampled chains turned off, or a logit bias) a catch-up
-  (chunk_forward.py: one EXTEND forward, or decode rows, up to MAX_CATCHUP_PIECES
-  forwards of them) feeds the missing committed tokens plus the bonus token and its
-  last logits give d1; then one DECODE forward per draft step, each over only the
-  requests that still want more, keeping each draft's q when the step samples.
+  sampling row keeps each draft's distribution q for rejection sampling, and a logit
+  bias is added at every forward (chain_sampling.py). When every g_i <= MAX_FORCED_GAP
+  the chain itself feeds the missing tokens and the bonus token before drafting: the
+  step's whole draft phase is one replay. Otherwise a catch-up (below) gives d1 and
+  the chain drafts d2..d_m.
+- Otherwise (m = 1, no chains, or no sampled chains for sampling or biased rows) a
+  catch-up (chunk_forward.py: one EXTEND forward, or decode rows, up to
+  MAX_CATCHUP_PIECES forwards of them) feeds the missing committed tokens plus the
+  bonus token and its last logits give d1; then one DECODE forward per draft step,
+  each over only the requests that still want more, keeping each draft's q when the
+  step samples.
 
 Worked example, K_max = 3, seq_lens L = [10, 7], draft_kv_lens s = [9, 7], k = [3, 1],
 gaps g = [1, 0]: one chain of max(g) + m = 4 forwards,
@@ -80,9 +82,9 @@ class DraftPhase:
         return self._chains_serve(len(reqs), all(greedy_requests(reqs)), sampling_info.logit_bias)
 
     def _chains_serve(self, rows: int, all_greedy: bool, logit_bias: Optional[torch.Tensor]) -> bool:
-        """Chains are built, serve these rows (DraftChains.serves), and there is no
-        logit bias (it would have to be added at every forward)."""
-        return self.chains is not None and logit_bias is None and self.chains.serves(rows, all_greedy)
+        """Chains are built and serve these rows (DraftChains.serves); a biased batch
+        needs the sampled chains, which add the bias at every forward."""
+        return self.chains is not None and self.chains.serves(rows, all_greedy and logit_bias is None)
 
     def run(
         self,
@@ -112,7 +114,8 @@ class DraftPhase:
         gaps = [seq_lens[i] - draft_kv_lens[i] for i in active]  # committed tokens each row's draft KV lacks
         forwards = 0
         active_t = device_tensor(active, device) if chained else None
-        rows = None if greedy or not chained else sampling.select(active, active_t)  # a sampled chain's rows
+        plain = greedy and sampling.logit_bias is None  # a greedy chain's rows
+        rows = None if plain or not chained else sampling.select(active, active_t)  # a sampled chain's rows
         chain_q = None  # [n, m, V] a sampled chain's q
         if chained and max(gaps) <= MAX_FORCED_GAP:
             with annotate("draft.chain"):
@@ -131,7 +134,7 @@ class DraftPhase:
         if chained:
             past_len = torch.arange(m, device=device).unsqueeze(0) >= layout.draft_lens[active_t].unsqueeze(1)
             tokens[active_t, :m] = chain.masked_fill(past_len, 0)
-            if chain_q is not None:  # q past a row's length is never read
+            if probs is not None and chain_q is not None:  # q past a row's length is never read
                 probs[active_t, :m] = chain_q
         for i in active:
             # A chain feeds every row through position L + m - 1 (draft_chain.py), a loop
@@ -150,7 +153,7 @@ class DraftPhase:
         gaps: list[int],  # [n] committed tokens each row's draft KV lacks, <= MAX_FORCED_GAP
         history: TokenHistory,
         m: int,
-        rows: Optional[SamplingRows],  # [n] the rows' sampling; None: all greedy
+        rows: Optional[SamplingRows],  # [n] the rows' sampling; None: greedy, unbiased
         generator: Optional[torch.Generator],
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """[n, m] drafts d1..d_m (and [n, m, V] their q when ``rows`` sample) from one
@@ -175,13 +178,13 @@ class DraftPhase:
         seq_lens: list[int],
         logits: torch.Tensor,  # [n, V] the catch-up's last logits
         m: int,
-        rows: Optional[SamplingRows],  # [n] the rows' sampling; None: all greedy
+        rows: Optional[SamplingRows],  # [n] the rows' sampling; None: greedy, unbiased
         generator: Optional[torch.Generator],
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """[n, m] drafts (and [n, m, V] their q when ``rows`` sample): d1 from the
         catch-up's logits, d2..d_m from a chain fed d1 at position L + 1."""
         if rows is None:
-            first = _Picked(torch.argmax(logits, dim=-1), None)  # a chain's rows are unbiased
+            first = _Picked(torch.argmax(logits, dim=-1), None)  # a greedy chain's rows are unbiased
         else:
             first = self._pick(logits, rows, generator)
         pool = request_pool_rows(batch)
@@ -190,7 +193,7 @@ class DraftPhase:
             first.tokens.unsqueeze(1), m - 1, m - 1, rows, generator,
         )  # fmt: skip
         tokens = torch.cat([first.tokens.unsqueeze(1), after], dim=1)
-        if after_q is None:
+        if after_q is None or first.probs is None:  # no row samples (a biased greedy batch)
             return tokens, None
         return tokens, torch.cat([first.probs.unsqueeze(1), after_q], dim=1)
 

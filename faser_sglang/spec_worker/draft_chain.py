@@ -72,8 +72,8 @@ logger = logging.getLogger(__name__)
 MAX_FORCED_GAP = 1
 # Rows up to which sampled chains are captured as CUDA graphs; larger sampled batches
 # draft one forward at a time (DraftChains.serves). Their q buffer is [rows, K_max + 1,
-# V] float32 (297 MiB at 64 rows, K_max = 7 and a 152k vocabulary), and at large
-# batches a step's GPU time, not its host time, dominates.
+# V] float32 (297 MiB at 64 rows, K_max = 7 and a 152k vocabulary; the logit bias 37 MiB
+# more), and at large batches a step's GPU time, not its host time, dominates.
 SAMPLED_GRAPH_ROWS = 64
 
 
@@ -192,10 +192,11 @@ class DraftChains:
             }
 
     def serves(self, rows: int, greedy: bool) -> bool:
-        """Whether a chain drafts for this many rows: greedy ones always; sampling ones
-        where sampled chains are built and, with graphs, fit the sampled graphs. A larger
-        sampled batch drafts one forward at a time, replaying the draft's decode graphs,
-        rather than running a chain's forwards eagerly with a [rows, M, V] q of its own."""
+        """Whether a chain drafts for this many rows: greedy unbiased ones always;
+        sampling or biased ones (``greedy`` False) where sampled chains are built and,
+        with graphs, fit the sampled graphs. A larger such batch drafts one forward at a
+        time, replaying the draft's decode graphs, rather than running a chain's forwards
+        eagerly with a [rows, M, V] q of its own."""
         return greedy or (self.sampled and (not self.graphs or rows <= self.sampled_graph_rows))
 
     def graphed(self, rows: int, sampled: bool = False) -> bool:
@@ -210,7 +211,7 @@ class DraftChains:
         forced: torch.Tensor,  # [n, max(gaps) + 1] int64, row r's first g_r + 1 inputs
         forwards: int,  # M
         drafts: int,  # tokens wanted per row, drafts + max(gaps) <= M
-        sampling: Optional[SamplingRows] = None,  # [n] the rows' sampling; None: all greedy
+        sampling: Optional[SamplingRows] = None,  # [n] the rows' sampling; None: greedy, unbiased
         generator: Optional[torch.Generator] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """[n, drafts] int64: each row's draws g_r .. g_r + drafts - 1 (forward j's draw

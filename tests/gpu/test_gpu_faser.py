@@ -284,8 +284,11 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
             {"max_new_tokens": 41, "temperature": 0, "ignore_eos": True},
         )
         sampled_outs = []
-        if sampled:
-            sampled_outs = _generate_mixed(server.base_url, _prompt_ids(gpu_models.identity), SAMPLED_MIX, 41)
+        if sampled:  # biases that matter: ban the tokens the greedy round emitted most, favour the next
+            top = [t for t, _ in Counter(t for o in outs for t in o["output_ids"]).most_common(3)]
+            bias = {str(top[0]): -100.0, str(top[1]): -100.0, str(top[2]): 3.0}
+            mix = (*SAMPLED_MIX, {"temperature": 0, "logit_bias": bias}, {"temperature": 0.9, "logit_bias": bias})
+            sampled_outs = _generate_mixed(server.base_url, _prompt_ids(gpu_models.identity), mix, 41)
     steps = read_trace(trace)
     if sampled:  # the two rounds' steps apart, by their requests
         ids = {o["meta_info"]["id"] for o in sampled_outs}
@@ -335,9 +338,9 @@ def _generate_mixed(url: str, prompt_ids: list[list[int]], mix: tuple[dict, ...]
 
 
 def _check_sampled_chains(steps: list[dict], outs: list[dict], graph_bs) -> None:
-    """Sampling and greedy requests in one batch, the identity model as its own draft:
-    draft steps run as sampled chains replayed from their CUDA graphs (with ``graph_bs``
-    8, steps of more drafting rows draft one forward at a time). Its q equals the
+    """Sampling, greedy and logit-biased requests in one batch, the identity model as its
+    own draft: draft steps run as sampled chains replayed from their CUDA graphs (with
+    ``graph_bs`` 8, steps of more drafting rows draft one forward at a time). Its q equals the
     target's p up to bf16 rounding, so nearly every draft passes rejection sampling, and
     only if each chain forward was fed the token the previous one drew (the identity
     model's next token depends on it alone) and the verify read the q the chain kept.
