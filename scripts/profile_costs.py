@@ -3,7 +3,7 @@
     python scripts/profile_costs.py --target TARGET --draft DRAFT --out costs.json \\
         [--k-max 8] [--batch-sizes 1,2,4,...,256] [--long-batch-sizes 1,4,16,32] \\
         [--attention-backend flashinfer] [--dtype bfloat16] [--draft-prefill eager|lazy] \\
-        [--server-args "..."]
+        [--temperature 0.8] [--server-args "..."]
 
 Timings come from the real server, not from standalone forwards: one FASER server
 runs policy "random" (every step draws fresh per-request lengths in [0, K_max]) with
@@ -14,8 +14,10 @@ decode step is one sample (step seconds, lengths, context lengths, draft KV fill
 and draft-phase seconds when the worker records them; steps whose cap is 0 are plain
 decodes, which get their own term); with --draft-prefill lazy each request's first
 catch-up feeds its whole prompt (in decode-row pieces, or one EXTEND forward beyond
-them), the cost a lazily prefilled request pays when it first drafts; the cost model
-is fitted on
+them), the cost a lazily prefilled request pays when it first drafts; with
+--temperature the requests sample (top-p 0.95), so a step's draft forwards include the
+sampling transform a sampled chain runs at each forward (profile with the traffic the
+server will serve: the entry's key does not say which). The cost model is fitted on
 80% of them, its MAPE on the other 20% is printed and stored with it, and the entry
 is written to --out under this GPU/target/draft/attention-backend/dtype key (other
 entries of the file are kept). Point FASER_CONFIG's ``cost_model_path`` at the file.
@@ -39,7 +41,7 @@ from faser_sglang.bench.client import replay
 from faser_sglang.bench.servers import launch
 from faser_sglang.spec_worker.adaptive import CostKey, CostModel, StepSample, fit, write_cost_entry
 
-SAMPLING = {"temperature": 0.0, "ignore_eos": True}
+TOP_P = 0.95  # of sampled requests
 WARMUP_BATCH = 4  # first replay compiles kernels and fills caches; its steps are dropped
 
 
@@ -65,10 +67,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="when the draft reads a prompt; lazy: a request's first catch-up is its whole prompt "
         "(times the long catch-ups a lazily prefilled request pays)",
     )
+    p.add_argument("--temperature", type=float, default=0.0, help="> 0: the requests sample (top-p 0.95)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", default=None, help="where the trace and server config go (default: a temp dir)")
     p.add_argument("--launch-timeout", type=float, default=1200.0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.temperature < 0:
+        p.error("--temperature must be >= 0")
+    return args
 
 
 def sweep_plan(batch_sizes: str, long_batch_sizes: str) -> list[tuple[str, int]]:
@@ -83,8 +89,8 @@ def batch_requests(workload: str, batch_size: int, max_new_tokens: int, seed: in
     return [replace(r, max_new_tokens=max_new_tokens) for r in islice(cycle(base), batch_size)]
 
 
-def run_batch(base_url: str, requests: Sequence[workloads.Request]) -> None:
-    result = replay(base_url, requests, [0.0] * len(requests), SAMPLING)
+def run_batch(base_url: str, requests: Sequence[workloads.Request], sampling: dict) -> None:
+    result = replay(base_url, requests, [0.0] * len(requests), sampling)
     errors = [t.error for t in result.timings if t.error]
     if errors:
         raise RuntimeError(f"{len(errors)} of {len(requests)} profiling requests failed: {errors[0]}")
@@ -121,13 +127,16 @@ def main(argv: Sequence[str] | None = None) -> CostModel:
         *shlex.split(args.server_args),
     ]  # fmt: skip
     gpu = args.gpu_name or default_gpu_name()
+    sampling = {"temperature": args.temperature, "ignore_eos": True}
+    if args.temperature > 0:
+        sampling["top_p"] = TOP_P
 
     launched = launch(args.target, server_flags, env=contender.env, timeout=args.launch_timeout, log_dir=work)
     with launched as server:
-        run_batch(server.base_url, batch_requests("humaneval", WARMUP_BATCH, args.max_new_tokens, args.seed))
+        run_batch(server.base_url, batch_requests("humaneval", WARMUP_BATCH, args.max_new_tokens, args.seed), sampling)
         warmup_steps = len(_trace_lines(trace))
         for workload, bs in tqdm(plan, desc="profiling", unit="batch"):
-            run_batch(server.base_url, batch_requests(workload, bs, args.max_new_tokens, args.seed))
+            run_batch(server.base_url, batch_requests(workload, bs, args.max_new_tokens, args.seed), sampling)
 
     samples = [StepSample.from_trace_record(json.loads(line)) for line in _trace_lines(trace)[warmup_steps:]]
     model = fit(samples, holdout_fraction=args.holdout, seed=args.seed)

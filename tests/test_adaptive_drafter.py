@@ -1082,9 +1082,11 @@ def load_script():
     return module
 
 
-def test_profile_script_sweeps_fits_and_saves(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_profile_script_sweeps_fits_and_saves(tmp_path, monkeypatch, capsys, temperature):
     script = load_script()
     launched = {}
+    sent = []  # every batch's sampling parameters
 
     class FakeServer:
         base_url = "http://fake"
@@ -1105,6 +1107,7 @@ def test_profile_script_sweeps_fits_and_saves(tmp_path, monkeypatch, capsys):
     def fake_replay(base_url, workload, arrivals, sampling):
         """Decode steps of the batch timed by KNOWN (+1% noise), appended to the trace."""
         assert sampling["ignore_eos"] and len(workload) == len(arrivals)
+        sent.append(sampling)
         bs = len(workload)
         prompt = 3000 if "excerpt" in workload[0].prompt else 150
         with open(launched["config"]["trace_path"], "a") as trace:
@@ -1126,8 +1129,10 @@ def test_profile_script_sweeps_fits_and_saves(tmp_path, monkeypatch, capsys):
     model = script.main([
         "--target", "/m/Llama-3.1-8B", "--draft", "/m/Llama-3.2-1B", "--out", str(out),
         "--gpu-name", "NVIDIA H200", "--work-dir", str(tmp_path / "work"),
-        "--batch-sizes", "1,4,16,64,256", "--long-batch-sizes", "1,8",
+        "--batch-sizes", "1,4,16,64,256", "--long-batch-sizes", "1,8", "--temperature", str(temperature),
     ])  # fmt: skip
+    expected = {"temperature": temperature, "ignore_eos": True, **({"top_p": 0.95} if temperature else {})}
+    assert sent and all(s == expected for s in sent)
     assert launched["config"]["policy"] == "random" and launched["config"]["draft_prefill"] == "eager"
     assert "--max-running-requests" in launched["args"] and "256" in launched["args"]
     printed = capsys.readouterr().out
