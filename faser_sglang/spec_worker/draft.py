@@ -42,7 +42,13 @@ from faser_sglang.spec_worker.batch_views import ChunkTokens, decode_forward_bat
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft_chain import MAX_FORCED_GAP, DraftChains
 from faser_sglang.spec_worker.policy import MAX_CATCHUP_PIECES
-from faser_sglang.spec_worker.sampling import SamplingRows, greedy_requests, greedy_tokens, sampling_probs
+from faser_sglang.spec_worker.sampling import (
+    SamplingRows,
+    biased_requests,
+    greedy_requests,
+    greedy_tokens,
+    sampling_probs,
+)
 from faser_sglang.spec_worker.token_history import TokenHistory
 from faser_sglang.tensors import device_tensor
 
@@ -79,12 +85,13 @@ class DraftPhase:
         size stands for its drafting rows: where sampling rows chain only up to a size
         (DraftChains.serves), a batch that drafts fewer rows than it has, or only its
         greedy ones, may chain where the policy priced one forward per step."""
-        return self._chains_serve(len(reqs), all(greedy_requests(reqs)), sampling_info.logit_bias)
+        return self._chains_serve(len(reqs), all(greedy_requests(reqs)) and not any(biased_requests(reqs)))
 
-    def _chains_serve(self, rows: int, all_greedy: bool, logit_bias: Optional[torch.Tensor]) -> bool:
-        """Chains are built and serve these rows (DraftChains.serves); a biased batch
-        needs the sampled chains, which add the bias at every forward."""
-        return self.chains is not None and self.chains.serves(rows, all_greedy and logit_bias is None)
+    def _chains_serve(self, rows: int, plain: bool) -> bool:
+        """Chains are built and serve these rows (DraftChains.serves); rows that are not
+        ``plain`` (greedy, unbiased) need the sampled chains, which sample and add the
+        logit bias at every forward."""
+        return self.chains is not None and self.chains.serves(rows, plain)
 
     def run(
         self,
@@ -109,12 +116,12 @@ class DraftPhase:
             return DraftOutput(tokens, probs, new_kv_lens, 0)
 
         m = max(k[i] for i in active)
-        greedy = all(sampling.greedy_cpu[i] for i in active)
-        chained = m > 1 and self._chains_serve(len(active), greedy, sampling.logit_bias)
+        biased = biased_requests(batch.reqs)
+        plain = all(sampling.greedy_cpu[i] and not biased[i] for i in active)  # a greedy chain's rows
+        chained = m > 1 and self._chains_serve(len(active), plain)
         gaps = [seq_lens[i] - draft_kv_lens[i] for i in active]  # committed tokens each row's draft KV lacks
         forwards = 0
         active_t = device_tensor(active, device) if chained else None
-        plain = greedy and sampling.logit_bias is None  # a greedy chain's rows
         rows = None if plain or not chained else sampling.select(active, active_t)  # a sampled chain's rows
         chain_q = None  # [n, m, V] a sampled chain's q
         if chained and max(gaps) <= MAX_FORCED_GAP:

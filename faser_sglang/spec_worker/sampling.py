@@ -29,6 +29,13 @@ def greedy_requests(reqs: Sequence) -> tuple[bool, ...]:
     return tuple(r.sampling_params.top_k <= 1 for r in reqs)
 
 
+def biased_requests(reqs: Sequence) -> tuple[bool, ...]:
+    """[n] whether each request has a logit bias. SGLang keeps a batch's bias tensor
+    (zero rows) until the batch empties once any request brought one, so the tensor
+    alone does not say whether a row is biased."""
+    return tuple(r.sampling_params.logit_bias is not None for r in reqs)
+
+
 @dataclass(frozen=True)
 class SamplingRows:
     """Sampling parameters, one row per request (or per flat token after expand).
