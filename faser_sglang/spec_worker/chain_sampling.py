@@ -26,7 +26,6 @@ class ChainSampling:
     """Per-row sampling state of up to ``rows`` chain rows over ``forwards`` forwards."""
 
     def __init__(self, rows: int, forwards: int, vocab: int, device) -> None:
-        self.forwards = forwards
         # Padding rows of a graph replay read what is here: values the transform accepts.
         self.temperatures = torch.ones(rows, dtype=torch.float32, device=device)
         self.top_ks = torch.full((rows,), vocab, dtype=torch.int64, device=device)

@@ -141,7 +141,7 @@ class DraftPhase:
         if chained:
             past_len = torch.arange(m, device=device).unsqueeze(0) >= layout.draft_lens[active_t].unsqueeze(1)
             tokens[active_t, :m] = chain.masked_fill(past_len, 0)
-            if probs is not None and chain_q is not None:  # q past a row's length is never read
+            if chain_q is not None:  # q past a row's length is never read
                 probs[active_t, :m] = chain_q
         for i in active:
             # A chain feeds every row through position L + m - 1 (draft_chain.py), a loop
@@ -200,7 +200,7 @@ class DraftPhase:
             first.tokens.unsqueeze(1), m - 1, m - 1, rows, generator,
         )  # fmt: skip
         tokens = torch.cat([first.tokens.unsqueeze(1), after], dim=1)
-        if after_q is None or first.probs is None:  # no row samples (a biased greedy batch)
+        if after_q is None:  # no row samples (a greedy batch, biased or not)
             return tokens, None
         return tokens, torch.cat([first.probs.unsqueeze(1), after_q], dim=1)
 

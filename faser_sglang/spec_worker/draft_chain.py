@@ -215,9 +215,9 @@ class DraftChains:
         generator: Optional[torch.Generator] = None,
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """[n, drafts] int64: each row's draws g_r .. g_r + drafts - 1 (forward j's draw
-        is the token at position s_r + j + 1, so these follow position L_r); with
-        ``sampling``, also [n, drafts, V] float32, the distribution q of each (a greedy
-        row's q is unused by the verify)."""
+        is the token at position s_r + j + 1, so these follow position L_r); when some
+        row of ``sampling`` samples, also [n, drafts, V] float32, the distribution q of
+        each (a greedy row's q is unused by the verify), else None."""
         n = len(starts)
         device = forced.device
         self.forced[:n, : forced.shape[1]].copy_(forced)
@@ -245,15 +245,14 @@ class DraftChains:
             ),
             capture_hidden_mode=CaptureHiddenMode.NULL,
         )
+        sampled = sampling is not None
+        graphed = self.graphed(n, sampled)
         state = None
-        if sampling is not None:
-            graphed = self.graphed(n, sampled=True)
+        if sampled:
             state = self.sampling if graphed else ChainSampling(n, forwards, self.vocab, device)
             state.load(sampling, generator)
-        else:
-            graphed = self.graphed(n)
         if graphed:
-            runners = self.runners if state is None else self.sampled_runners
+            runners = self.sampled_runners if sampled else self.runners
             _, _, tokens, _ = runners[forwards].execute(fb)
         else:
             chain = copy.copy(self.chains[forwards])
@@ -264,7 +263,7 @@ class DraftChains:
                 _, _, tokens, _ = chain.draft_forward(fb)
         first = self.gaps[:n].unsqueeze(1) + torch.arange(drafts, device=device)  # [n, drafts]
         probs = None
-        if state is not None:  # state.probs: [rows, M_longest or M, V]
+        if sampled and not sampling.all_greedy:  # state.probs: [rows, M_longest or M, V]
             probs = state.probs[:n].gather(1, first.unsqueeze(2).expand(n, drafts, self.vocab))
         return tokens.gather(1, first), probs  # tokens: [n, M]
 

@@ -147,9 +147,9 @@ def transformed_probs(
         # Mass before a token <= top_p x the top-k mass: top-p on the renormalised top-k.
         last = (top_ks.clamp(max=probs.shape[-1]) - 1).clamp(min=0).unsqueeze(1)  # [n, 1]
         scaled = top_p * cum.gather(1, last)
-        top_p = torch.where(top_p_after_top_k.unsqueeze(1), scaled, top_p) if isinstance(
-            top_p_after_top_k, torch.Tensor
-        ) else scaled
+        if isinstance(top_p_after_top_k, torch.Tensor):
+            scaled = torch.where(top_p_after_top_k.unsqueeze(1), scaled, top_p)
+        top_p = scaled
     drop |= (cum - probs_sort) > top_p
     drop |= probs_sort < (probs_sort[:, :1] * min_ps.unsqueeze(1))
     probs_sort = probs_sort.masked_fill(drop, 0.0)
