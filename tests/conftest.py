@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,3 +105,20 @@ def load_script(name: str):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# Sampling parameters that exercise every transform a sampled draft chain applies.
+SAMPLED_MIX = (
+    {"temperature": 0.8, "top_k": 8},
+    {"temperature": 1.0, "top_p": 0.9},
+    {"temperature": 0},
+    {"temperature": 1.2, "min_p": 0.05},
+)
+
+
+def sampled_mix_with_bias(greedy_outputs: list[list[int]]) -> tuple[dict, ...]:
+    """SAMPLED_MIX plus a greedy and a sampled request with a logit bias that matters:
+    it bans the two tokens ``greedy_outputs`` emit most and favours the third."""
+    top = [t for t, _ in Counter(t for out in greedy_outputs for t in out).most_common(3)]
+    bias = {str(top[0]): -100.0, str(top[1]): -100.0, str(top[2]): 3.0}
+    return (*SAMPLED_MIX, {"temperature": 0, "logit_bias": bias}, {"temperature": 0.9, "logit_bias": bias})

@@ -17,7 +17,7 @@ import requests
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from conftest import catchup_gaps, load_script, read_trace, write_faser_config
+from conftest import catchup_gaps, load_script, read_trace, sampled_mix_with_bias, write_faser_config
 from faser_sglang.sched_timeline import TIMELINE_ENV
 from fuzz_utils import faser_flags
 from server_utils import generate, launch_server
@@ -303,13 +303,6 @@ def test_self_draft_accepts_every_token_after_plain_decode_steps(
         assert how["chain"] == 0 and how["loop"] > 0
 
 
-SAMPLED_MIX = (
-    {"temperature": 0.8, "top_k": 8},
-    {"temperature": 1.0, "top_p": 0.9},
-    {"temperature": 0},
-    {"temperature": 1.3, "min_p": 0.05},
-)
-
 
 def test_sampled_self_draft_chain_accepts_every_token(tiny_models, tmp_path):
     """The tiny target as its own draft, sampling, greedy and logit-biased requests in
@@ -323,11 +316,7 @@ def test_sampled_self_draft_chain_accepts_every_token(tiny_models, tmp_path):
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", policy="random", trace_path=str(trace), seed=11)
     with launch_faser(tiny_models.target, tiny_models.target, env) as server:
-        # Biases that matter: ban the tokens greedy decoding emits most, favour the next.
-        plain = ids(generate(server.base_url, PROMPTS, {**GREEDY, "max_new_tokens": 16}))
-        top = [t for t, _ in Counter(t for out in plain for t in out).most_common(3)]
-        bias = {str(top[0]): -100.0, str(top[1]): -100.0, str(top[2]): 3.0}
-        mix = (*SAMPLED_MIX, {"temperature": 0, "logit_bias": bias}, {"temperature": 0.9, "logit_bias": bias})
+        mix = sampled_mix_with_bias(ids(generate(server.base_url, PROMPTS, {**GREEDY, "max_new_tokens": 16})))
         params = [{**mix[i % len(mix)], "max_new_tokens": 40, "ignore_eos": True} for i in range(len(PROMPTS))]
         results: list[dict] = [{} for _ in params]
 

@@ -26,7 +26,14 @@ import pytest
 import requests
 import torch
 
-from conftest import TinyModels, build_tiny_models, catchup_gaps, read_trace, write_faser_config
+from conftest import (
+    TinyModels,
+    build_tiny_models,
+    catchup_gaps,
+    read_trace,
+    sampled_mix_with_bias,
+    write_faser_config,
+)
 from faser_sglang.bench.servers import launch
 
 pytestmark = [
@@ -284,10 +291,8 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
             {"max_new_tokens": 41, "temperature": 0, "ignore_eos": True},
         )
         sampled_outs = []
-        if sampled:  # biases that matter: ban the tokens the greedy round emitted most, favour the next
-            top = [t for t, _ in Counter(t for o in outs for t in o["output_ids"]).most_common(3)]
-            bias = {str(top[0]): -100.0, str(top[1]): -100.0, str(top[2]): 3.0}
-            mix = (*SAMPLED_MIX, {"temperature": 0, "logit_bias": bias}, {"temperature": 0.9, "logit_bias": bias})
+        if sampled:
+            mix = sampled_mix_with_bias([o["output_ids"] for o in outs])
             sampled_outs = _generate_mixed(server.base_url, _prompt_ids(gpu_models.identity), mix, 41)
     steps = read_trace(trace)
     if sampled:  # the two rounds' steps apart, by their requests
@@ -318,13 +323,6 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
     if graph_bs is not None:
         assert pieces > 1, "no catch-up ran in pieces"
 
-
-SAMPLED_MIX = (
-    {"temperature": 0.8, "top_k": 8},
-    {"temperature": 1.0, "top_p": 0.9},
-    {"temperature": 0},
-    {"temperature": 1.2, "min_p": 0.05},
-)
 
 
 def _generate_mixed(url: str, prompt_ids: list[list[int]], mix: tuple[dict, ...], max_new_tokens: int) -> list[dict]:
