@@ -18,7 +18,9 @@ host spends in each phase, how much of it waiting on the device, what it launche
 how long the device works on it.
 
 Writes DIR/<contender>-c<C>.trace.json.gz (open in Perfetto or chrome://tracing),
-DIR/steps.json and DIR/steps.md.
+DIR/steps.json and DIR/steps.md (rewritten after every batch, so a run cut short
+keeps the batches it finished; ``python -m faser_sglang.bench.step_profile TRACE...``
+summarises traces alone).
 """
 
 from __future__ import annotations
@@ -122,12 +124,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 groups = profile_once(server, name, size, args)
                 results[name][str(size)] = groups
                 md.append(step_profile.markdown(groups, title=f"{name}, {size} requests"))
+                report = write(args, results, md)  # after every batch: a run cut short keeps what it measured
                 bar.update()
     bar.close()
+    print("\n".join(md))
+    return report
+
+
+def write(args: argparse.Namespace, results: dict[str, dict[str, Any]], md: list[str]) -> dict[str, Any]:
     report = {"command": args.command, "steps": args.steps, "profiles": results}
     (args.out / "steps.json").write_text(json.dumps(report, indent=1))
     (args.out / "steps.md").write_text("\n".join(md))
-    print("\n".join(md))
     return report
 
 

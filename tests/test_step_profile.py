@@ -60,14 +60,18 @@ def test_phases_are_measured_from_host_calls_and_their_device_work():
     catchup, chain, draft, verify = (first.phases[p] for p in ("draft.catchup", "draft.chain", "draft", "verify"))
     assert catchup == pytest.approx(
         {"host_ms": 0.19, "ops_ms": 0.08, "runtime_ms": 0.0, "python_ms": 0.11, "sync_ms": 0.0,
-         "copy_ms": 0.0, "launches": 1, "graphs": 0, "gpu_ms": 0.3}
+         "copy_ms": 0.0, "launches": 1, "graphs": 0, "graph_ms": 0.0, "gpu_ms": 0.3}
     )  # fmt: skip
     assert chain["runtime_ms"] == pytest.approx(0.03) and chain["graphs"] == 1
+    assert chain["graph_ms"] == pytest.approx(0.03)  # the launch call's host time
     assert chain["gpu_ms"] == pytest.approx(0.9)  # both graph nodes, by correlation
     assert draft["launches"] == 2 and draft["gpu_ms"] == pytest.approx(1.2)  # holds both sub-phases
     assert verify["sync_ms"] == pytest.approx(0.24) and verify["copy_ms"] == pytest.approx(0.01)
     assert verify["launches"] == 1 and verify["gpu_ms"] == pytest.approx(0.01)
     assert first.ops["draft.catchup"] == pytest.approx({"aten::mm": 0.08})  # outermost only
+    # The catch-up's gemm starts at 400 us, the verify's copy at 1500, the copy ends at 1510.
+    assert first.path == pytest.approx({"draft_start": 0.4, "target_start": 1.5, "device_end": 1.51})
+    assert second.path == {}  # a plain step that issued no device work
     assert set(second.phases) == {"settle", "policy", "plain"}
 
 
@@ -84,6 +88,16 @@ def test_summary_groups_steps_and_reads_gzipped_traces(tmp_path):
     md = step_profile.markdown(groups, title="t")
     assert "### drafting/catchup+chain, batch 2 (1 steps)" in md and "| &nbsp;&nbsp;draft.chain | 0.29 |" in md
     assert "period 2.00 ms" in md and "period 1.00 ms" in md
+    assert "critical path, ms from the step's start: the draft's work starts 0.40, the target's forward starts 1.50" in md
+
+
+def test_the_module_prints_the_tables_of_saved_traces(tmp_path, capsys):
+    path = tmp_path / "t.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": gpu_trace()}, f)
+    assert step_profile.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## t.trace.json.gz") and "### drafting/catchup+chain, batch 2 (1 steps)" in out
 
 
 def test_step_kinds_and_the_synchronous_loops_second_settle():

@@ -22,20 +22,31 @@ Per phase of a step:
     copy_ms     host time in memcpy calls (a copy from pageable memory can block too)
     launches    kernel and graph launches, copies and memsets issued
     graphs      CUDA graph launches among them
+    graph_ms    host time inside those graph launches (it grows with a graph's nodes: a
+                replay of many kernels holds the host for milliseconds)
     gpu_ms      device time of the work issued in the phase (matched by CUPTI correlation)
 
 Beside them, the phase's outermost operators that took the most time. Per step: ``period_ms`` from its start to the next step's start (the scheduler's own
 work between steps included; the last step of a trace has none), and the device's
 busy time in that period (the union of every kernel, copy and memset on any stream).
+And its critical path (``path``, ms from the step's start): when the draft's device work
+starts (``draft_start``: the first device work ``draft`` issued), when the target's
+forward starts (``target_start``: the first device work of ``verify`` or ``plain``),
+and when the step's last device work ends (``device_end``). A CUDA graph's kernels start only once
+its launch call returns, so a step whose host reaches the target's launch late leaves
+the device idle however short its own phases look.
 Steps are grouped by kind (``prefill``, ``plain``, ``drafting/chain`` (one chain fed
 the catch-up), ``drafting/catchup+chain``, ``drafting/loop``, ``drafting/one`` when no request drafted past its first token, and
 ``verify/no-drafts`` for a step that took the verify path without drafts: logprobs
 were asked for) and batch size; every figure is the median over a group's steps. Each
 thread's last step is left out: the profiler stops while its device work may still run.
+
+    python -m faser_sglang.bench.step_profile TRACE.json.gz [TRACE...]   # the tables of saved traces
 """
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import gzip
 import json
@@ -55,7 +66,10 @@ RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 PHASES = (
     "settle", "policy", "plain", "draft", "draft.catchup", "draft.chain", "draft.loop", "draft.first", "verify", "accept",
 )  # fmt: skip
-METRICS = ("host_ms", "ops_ms", "runtime_ms", "python_ms", "sync_ms", "copy_ms", "launches", "graphs", "gpu_ms")
+METRICS = (
+    "host_ms", "ops_ms", "runtime_ms", "python_ms", "sync_ms", "copy_ms", "launches", "graphs", "graph_ms", "gpu_ms",
+)  # fmt: skip
+PATH = ("draft_start", "target_start", "device_end")
 # Timestamps are microseconds as floats; a nested event may end a rounding error past its parent.
 EPSILON_US = 0.01
 TOP_OPS = 4
@@ -120,6 +134,7 @@ class StepProfile:
     device_busy_ms: Optional[float]  # in the period
     phases: dict[str, dict[str, float]]  # phase -> METRICS
     ops: dict[str, dict[str, float]]  # phase -> operator name -> ms (outermost operators)
+    path: dict[str, float]  # PATH key -> ms from the step's start (a key without device work is absent)
 
 
 def load_events(path: Union[str, Path]) -> list[dict[str, Any]]:
@@ -198,6 +213,13 @@ def _step(trace: Trace, r: Event, m: re.Match, inner: list[Event], nxt: Optional
     if nxt is not None:
         period = (nxt.start - r.start) / 1e3
         device_busy = trace.device.covered(r.start, nxt.start) / 1e3
+    path = {}
+    for key, names in (("draft_start", ("draft",)), ("target_start", ("verify", "plain"))):
+        work = [d for x in inner if x.name.removeprefix(RANGE_PREFIX) in names for d in _device_work(trace, x)]
+        if work:
+            path[key] = (min(d.start for d in work) - r.start) / 1e3
+    if work := _device_work(trace, r):
+        path["device_end"] = (max(d.end for d in work) - r.start) / 1e3
     return StepProfile(
         kind=_kind(m.group(1), phases),
         batch_size=int(m.group(2)),
@@ -206,7 +228,14 @@ def _step(trace: Trace, r: Event, m: re.Match, inner: list[Event], nxt: Optional
         device_busy_ms=device_busy,
         phases=phases,
         ops=phase_ops,
+        path=path,
     )
+
+
+def _device_work(trace: Trace, r: Event) -> list[Event]:
+    """The device work issued by the runtime calls within range ``r`` (its thread)."""
+    calls = trace.runtime.get(r.tid, Timeline(())).within(r.start, r.end)
+    return [d for c in calls if c.correlation is not None for d in trace.device_by_correlation.get(c.correlation, ())]
 
 
 def summarize(profiles: Sequence[StepProfile]) -> list[dict[str, Any]]:
@@ -240,6 +269,11 @@ def summarize(profiles: Sequence[StepProfile]) -> list[dict[str, Any]]:
                 "host_ms": statistics.median(p.host_ms for p in group),
                 "period_ms": statistics.median(p.period_ms for p in group),
                 "device_busy_ms": statistics.median(p.device_busy_ms for p in group),
+                "path": {
+                    k: statistics.median(p.path[k] for p in group if k in p.path)
+                    for k in PATH
+                    if any(k in p.path for p in group)
+                },
                 "phases": phases,
                 "top_ops_ms": top_ops,
             }
@@ -256,8 +290,10 @@ def markdown(groups: Sequence[dict[str, Any]], title: str = "") -> str:
             f"period {g['period_ms']:.2f} ms (step start to next step start), in the step {g['host_ms']:.2f} ms, "
             f"device busy {g['device_busy_ms']:.2f} ms of the period",
             "",
-            "| phase | host ms | ops | runtime | python | sync | copy | launches | graphs | gpu ms | top operators (ms) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            *_path_line(g.get("path", {})),
+            "| phase | host ms | ops | runtime | python | sync | copy | launches | graphs | graph launch ms | gpu ms "
+            "| top operators (ms) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for phase, m in g["phases"].items():
             ops = ", ".join(f"{name} {ms:.2f}" for name, ms in g["top_ops_ms"].get(phase, []))
@@ -265,7 +301,7 @@ def markdown(groups: Sequence[dict[str, Any]], title: str = "") -> str:
             lines.append(
                 f"| {label} | {m['host_ms']:.2f} | {m['ops_ms']:.2f} | {m['runtime_ms']:.2f} | {m['python_ms']:.2f} "
                 f"| {m['sync_ms']:.2f} | {m['copy_ms']:.2f} | {m['launches']:.0f} | {m['graphs']:.0f} "
-                f"| {m['gpu_ms']:.2f} | {ops} |"
+                f"| {m['graph_ms']:.2f} | {m['gpu_ms']:.2f} | {ops} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -294,6 +330,7 @@ def _measure(trace: Trace, phase: Event) -> tuple[dict[str, float], dict[str, fl
         "copy_ms": sum(c.end - c.start for c in calls if c.name.startswith(("cudaMemcpy", "cuMemcpy"))) / 1e3,
         "launches": float(sum(1 for c in calls if _is_launch(c.name))),
         "graphs": float(sum(1 for c in calls if "GraphLaunch" in c.name)),
+        "graph_ms": sum(c.end - c.start for c in calls if "GraphLaunch" in c.name) / 1e3,
         "gpu_ms": sum(d.end - d.start for d in gpu) / 1e3,
     }
     return metrics, dict(by_name)
@@ -339,3 +376,27 @@ def _inside_any(ev: Event, outer: list[Event], outer_starts: list[float]) -> boo
 
 def _within(ev: Event, start: float, end: float) -> bool:
     return ev.start >= start - EPSILON_US and ev.end <= end + EPSILON_US
+
+
+def _path_line(path: dict[str, float]) -> list[str]:
+    """The critical path's line and a blank one, or nothing without device work."""
+    said = {
+        "draft_start": "the draft's work starts {:.2f}",
+        "target_start": "the target's forward starts {:.2f}",
+        "device_end": "device work ends {:.2f}",
+    }
+    parts = [said[k].format(path[k]) for k in PATH if k in path]
+    return [f"critical path, ms from the step's start: {', '.join(parts)}", ""] if parts else []
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description="Summarise torch-profiler traces of a FASER server by step and phase.")
+    p.add_argument("traces", nargs="+", type=Path, help="chrome trace files (.json or .json.gz)")
+    args = p.parse_args(argv)
+    for path in args.traces:
+        print(markdown(summarize(steps(parse(load_events(path)))), title=path.name))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
