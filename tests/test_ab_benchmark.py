@@ -115,3 +115,25 @@ def test_sampling_params_and_their_checks():
     for bad in (["--temperature", "-1"], ["--temperature", "0.5", "--top-p", "0"]):
         with pytest.raises(SystemExit):
             ab.main(["--target", "t", "--draft", "d", "--out", "/tmp/unused", *bad])
+
+
+def test_quick_bench_keeps_each_servers_log(tiny_models, tmp_path, cpu_server_env):
+    """``bench.quick --log-dir`` keeps every contender's server log (the GPU kernel
+    warm-up runs it, and a server that failed there is named only by its log)."""
+    from faser_sglang.bench import quick
+
+    logs = tmp_path / "logs"
+    rc = quick.main(
+        [
+            "--target", str(tiny_models.target),
+            "--draft", str(tiny_models.draft),
+            "--contenders", "no-spec", "faser",
+            "--concurrency", "2", "--num-prompts", "2", "--max-new-tokens", "4",
+            "--k-max", "2",
+            "--log-dir", str(logs),
+            "--server-args", *CPU_SERVER_FLAGS,
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    texts = [p.read_text() for p in sorted(logs.glob("sglang-*.log"))]
+    assert len(texts) == 2 and sum("speculative_algorithm='FASER'" in t for t in texts) == 1

@@ -38,9 +38,11 @@ def run(args: argparse.Namespace) -> dict:
     for name in args.contenders:
         c = servers.contender(name, args.draft, args.k_max)
         t0 = time.monotonic()
-        with servers.launch(args.target, (*args.server_args, *c.args), env=c.env, timeout=900) as server:
+        server_args = (*args.server_args, *c.args)
+        with servers.launch(args.target, server_args, env=c.env, timeout=900, log_dir=args.log_dir) as server:
             startup = time.monotonic() - t0
-            replay(server.base_url, prompts[:4], [0.0] * 4, greedy)  # warm-up
+            warm = prompts[:4]
+            replay(server.base_url, warm, [0.0] * len(warm), greedy)  # warm-up
             for conc in args.concurrency:
                 res = replay(server.base_url, prompts, [0.0] * len(prompts), greedy, max_workers=conc)
                 errors = [t.error for t in res.timings if t.error]
@@ -113,7 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--prompts", choices=["builtin", "humaneval"], default="builtin")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="passed to every server")
     p.add_argument("--out", type=Path)
+    p.add_argument("--log-dir", type=Path, help="keep every server's log here (sglang-<port>-*.log)")
     args = p.parse_args(argv)
+    if args.log_dir:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
     result = run(args)
     table = markdown(result, args.contenders[0])
     print(table)

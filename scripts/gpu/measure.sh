@@ -120,7 +120,7 @@ case ${1:?call: 1|2|3|4} in
     background warm "python3 scripts/build_models.py twins $TINY/target $WARM --preset $PAIR_PRESET >/dev/null \
       && python3 -m faser_sglang.bench.quick --target $WARM/target --draft $WARM/draft \
         --contenders no-spec faser standalone-k1 ngram --concurrency 8 --num-prompts 16 --max-new-tokens 16 \
-        --server-args $SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 \
+        --log-dir $RES/warm-logs --server-args $SERVER_FLAGS --cuda-graph-max-bs 128 --max-running-requests 128 \
         --mem-fraction-static 0.15 --max-total-tokens 50000 2>&1 | grep -v '^\[20' | tail -8; touch $RES/warm.done"
     log "background: single-GPU tests on GPU 0 (-k '${TESTS_K:=not tp2 and not gpu_fuzz}')"
     background tests "CUDA_VISIBLE_DEVICES=0 FASER_GPU_FUZZ_SEEDS=${FUZZ_SEEDS:-8} FASER_GPU_FUZZ_CASES=${FUZZ_CASES:-64} \
