@@ -32,9 +32,9 @@ busy time in that period (the union of every kernel, copy and memset on any stre
 And its critical path (``path``, ms from the step's start): when the draft's device work
 starts (``draft_start``: the first device work ``draft`` issued), when the target's
 forward starts (``target_start``: the first device work of ``verify`` or ``plain``),
-and when the step's last device work ends (``device_end``). A CUDA graph's kernels start only once
-its launch call returns, so a step whose host reaches the target's launch late leaves
-the device idle however short its own phases look.
+and when the step's last device work ends (``device_end``). A CUDA graph's kernels
+start only once its launch call returns, so a step whose host reaches the target's
+launch late leaves the device idle however short its own phases look.
 Steps are grouped by kind (``prefill``, ``plain``, ``drafting/chain`` (one chain fed
 the catch-up), ``drafting/catchup+chain``, ``drafting/loop``, ``drafting/one`` when no request drafted past its first token, and
 ``verify/no-drafts`` for a step that took the verify path without drafts: logprobs
