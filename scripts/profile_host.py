@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> dict:
     pyspy = shutil.which("py-spy")
     results: dict[str, dict[str, float]] = {}
     for name in args.contenders:
-        c = servers.steady_contender(name, args.draft, args.k_max, args.out)
+        c = servers.steady_contender(name, args.draft, args.k_max, args.out, greedy=True)  # SAMPLING is greedy
         results[name] = {}
         with servers.launch(args.target, (*shlex.split(args.server_args), *c.args), env=c.env, log_dir=args.out) as server:
             replay(server.base_url, [Prompt(PROMPT, 32)] * 4, [0.0] * 4, SAMPLING)  # warm-up

@@ -115,7 +115,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     plan = [(name, size) for name in args.contenders for size in args.concurrency]
     bar = tqdm(total=len(plan), desc="profiling", unit="batch")
     for name in args.contenders:
-        c = servers.steady_contender(name, args.draft, args.k_max, args.out, args.faser_ad_config)
+        c = servers.steady_contender(
+            name, args.draft, args.k_max, args.out, args.faser_ad_config, greedy=args.temperature == 0
+        )
         results[name] = {}
         server_args = (*shlex.split(args.server_args), *c.args)
         with servers.launch(args.target, server_args, env=c.env, log_dir=args.out) as server:

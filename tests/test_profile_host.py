@@ -106,7 +106,9 @@ def test_run_reports_each_contender_against_no_spec(script, tmp_path, monkeypatc
     assert "| faser-k0 | 2.00 (1.25x) | 2.00 (1.25x) |" in (out / "host.md").read_text()
     faser_args, faser_env = launched[1][1], launched[1][2]
     assert faser_args[:2] == ["--device", "cpu"] and "--speculative-algorithm" in faser_args
-    assert json.loads(Path(faser_env["FASER_CONFIG"]).read_text()) == {"policy": "ema", "min_token_value": 0.999}
+    assert json.loads(Path(faser_env["FASER_CONFIG"]).read_text()) == {
+        "policy": "ema", "min_token_value": 0.999, "sampled_chain": False,  # its requests are greedy
+    }  # fmt: skip
 
 
 def test_fixed_length_faser_contender_drafts_k_every_step(tmp_path):
@@ -123,3 +125,16 @@ def test_fixed_length_faser_contender_drafts_k_every_step(tmp_path):
     assert json.loads(Path(variant.env["FASER_CONFIG"]).read_text()) == {"policy": "fixed", "draft_chain": False}
     with pytest.raises(ValueError, match="draft_chain"):
         servers.steady_contender("faser-k2@draft_chain=maybe", "D", 7, tmp_path)
+
+
+def test_greedy_steady_contenders_skip_the_sampled_chains(tmp_path):
+    """A greedy profile's FASER servers capture no sampled chain graphs (no step replays
+    them); a variant may still turn them on."""
+    def config(name: str) -> dict:
+        c = servers.steady_contender(name, "D", 7, tmp_path, greedy=True)
+        return json.loads(Path(c.env["FASER_CONFIG"]).read_text())
+
+    assert config("faser-k3") == {"policy": "fixed", "sampled_chain": False}
+    assert config("faser-k0")["sampled_chain"] is False
+    assert config("faser-k3+speculative-draft-attention-backend=triton")["sampled_chain"] is False
+    assert config("faser-k3@sampled_chain=true") == {"policy": "fixed", "sampled_chain": True}

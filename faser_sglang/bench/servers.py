@@ -141,7 +141,7 @@ def with_flags(name: str, base: Contender, flags: Sequence[str]) -> Contender:
 
 
 def steady_contender(
-    name: str, draft: str, k_max: int, config_dir: Path, faser_ad_config: str | None = None
+    name: str, draft: str, k_max: int, config_dir: Path, faser_ad_config: str | None = None, greedy: bool = False
 ) -> Contender:
     """A contender for measuring steps at a steady batch (scripts/profile_host.py,
     scripts/profile_step.py): any ``contender`` name, or
@@ -151,24 +151,27 @@ def steady_contender(
       overhead), on the overlap or the synchronous loop;
     - ``faser-k<K>[@KEY=VALUE,...]``: policy ``fixed``, every request drafts K tokens
       every step (the drafting path), with those config keys replaced.
-    Configs these need are written to ``config_dir``. Server flags end any of them as
-    in ``contender``."""
+    Configs these need are written to ``config_dir``; with ``greedy`` (no request
+    samples) they turn ``sampled_chain`` off, so the server skips capturing graphs no
+    step replays (tens of seconds and GiBs on a large draft). Server flags end any of
+    them as in ``contender``."""
     base, flags = split_flags(name)
     if flags:
-        return with_flags(name, steady_contender(base, draft, k_max, config_dir, faser_ad_config), flags)
+        return with_flags(name, steady_contender(base, draft, k_max, config_dir, faser_ad_config, greedy), flags)
+    greedy_only = {"sampled_chain": False} if greedy else {}
     if name == "no-spec-sync":
         return Contender(name, ("--disable-overlap-schedule",))
     if name in ("faser-k0", "faser-k0-sync"):
         # ema: k_i = largest k with rate**k >= min_token_value; 0.999 keeps every k_i at 0.
         config = config_dir / "faser-k0.json"
-        config.write_text(json.dumps({"policy": "ema", "min_token_value": 0.999}))
+        config.write_text(json.dumps({"policy": "ema", "min_token_value": 0.999, **greedy_only}))
         c = faser(draft, k_max, str(config), name=name)
         sync = ("--disable-overlap-schedule",) if name == "faser-k0-sync" else ()
         return Contender(name, (*c.args, *sync), c.env)
     base, _, overrides = name.partition(VARIANT_SEP)
     if re.fullmatch(r"faser-k[1-9]\d*", base):
         config = config_dir / f"{base}.json"
-        config.write_text(json.dumps({"policy": "fixed"}))
+        config.write_text(json.dumps({"policy": "fixed", **greedy_only}))
         path = variant_config(str(config), name, overrides) if overrides else str(config)
         return faser(draft, int(base.removeprefix("faser-k")), path, name=name)
     return contender(name, draft, k_max, faser_ad_config=faser_ad_config)

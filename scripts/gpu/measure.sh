@@ -154,8 +154,10 @@ case ${1:?call: 1|2|3|4} in
     # sampled chains' graphs (about 30 s of its start on the 13.5B pair), which serve none.
     SAMPLED_CHAIN=$( [[ ${AB_TEMPERATURE:-0} == 0 ]] && echo ', "sampled_chain": false')
     echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"${AD_TRACE:+, \"trace_path\": \"$RES/faser-ad-trace.jsonl\"}$SAMPLED_CHAIN}" > $RES/faser-ad.json
-    # The step profile's faser-ad, never traced (a trace synchronizes every phase).
-    echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"}" > $RES/faser-ad-untraced.json
+    # The step profile's faser-ad, never traced (a trace synchronizes every phase); a
+    # greedy profile's skips the sampled chains too (profile_step.py's faser-k<K> do).
+    STEP_SAMPLED=$( [[ ${STEP_TEMPERATURE:-0} == 0 ]] && echo ', "sampled_chain": false')
+    echo "{\"policy\": \"adaptive\", \"cost_model_path\": \"$RES/costs.json\"$STEP_SAMPLED}" > $RES/faser-ad-untraced.json
     rm -f $RES/faser-ad-trace.jsonl
     rm -f $RES/ab.done $RES/big.done
     log "background: build pair (GPU 0), profile, A/B (one lane per GPU: $NUM_GPUS), TP=2"
