@@ -37,6 +37,7 @@ from typing import Sequence
 from tqdm import tqdm
 
 from faser_sglang.bench import servers, workloads
+from faser_sglang.bench.ab import sampling_params
 from faser_sglang.bench.client import replay
 from faser_sglang.bench.servers import launch
 from faser_sglang.spec_worker.adaptive import CostKey, CostModel, StepSample, fit, write_cost_entry
@@ -127,9 +128,7 @@ def main(argv: Sequence[str] | None = None) -> CostModel:
         *shlex.split(args.server_args),
     ]  # fmt: skip
     gpu = args.gpu_name or default_gpu_name()
-    sampling = {"temperature": args.temperature, "ignore_eos": True}
-    if args.temperature > 0:
-        sampling["top_p"] = TOP_P
+    sampling = sampling_params(args.temperature, TOP_P)
 
     launched = launch(args.target, server_flags, env=contender.env, timeout=args.launch_timeout, log_dir=work)
     with launched as server:

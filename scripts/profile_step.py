@@ -39,6 +39,7 @@ import requests
 from tqdm import tqdm
 
 from faser_sglang.bench import health, servers, step_profile
+from faser_sglang.bench.ab import sampling_params
 from faser_sglang.bench.client import replay
 from faser_sglang.bench.quick import Prompt
 
@@ -166,9 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--concurrency values must be >= 1")
     if args.temperature < 0:
         p.error("--temperature must be >= 0")
-    args.sampling = {"temperature": args.temperature, "ignore_eos": True}
-    if args.temperature > 0:
-        args.sampling["top_p"] = TOP_P
+    args.sampling = sampling_params(args.temperature, TOP_P)
     if "CPU" not in args.activities:
         p.error("--activities must include CPU: FASER's step and phase ranges are CPU events")
     args.command = " ".join(["python scripts/profile_step.py", *(argv if argv is not None else sys.argv[1:])])

@@ -303,7 +303,6 @@ def test_self_draft_accepts_every_token_after_plain_decode_steps(
         assert how["chain"] == 0 and how["loop"] > 0
 
 
-
 def test_sampled_self_draft_chain_accepts_every_token(tiny_models, tmp_path):
     """The tiny target as its own draft, sampling, greedy and logit-biased requests in
     one batch, random lengths: a sampled draft d ~ q passes with probability
