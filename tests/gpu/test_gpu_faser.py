@@ -324,7 +324,6 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
         assert pieces > 1, "no catch-up ran in pieces"
 
 
-
 def _generate_mixed(url: str, prompt_ids: list[list[int]], mix: tuple[dict, ...], max_new_tokens: int) -> list[dict]:
     """All prompts at once, prompt i with sampling parameters mix[i % len(mix)]."""
     def one(i: int) -> dict:
