@@ -92,6 +92,15 @@ def test_greedy_equals_no_speculation_with_varying_lengths(nospec, faser, faser_
     assert "overlap schedule=True" in faser.log_tail(2_000_000)  # SGLang's default schedule
 
 
+def test_kv_memory_plan_counts_the_draft_pool(faser):
+    """The shared KV pool's plan divides the budget by the target's and the draft's KV
+    bytes per token (memory_plan.py): the kit's tiny Llamas hold K and V of 2 layers x 2
+    KV heads x head dim 16 in float32, 512 bytes each; the draft's pool matches."""
+    log = faser.log_tail(2_000_000)
+    assert "FASER memory plan: 1024 KV bytes per token (target 512 + draft 512)" in log
+    assert "FASER memory plan: the" not in log  # no warning about either pool
+
+
 def test_scheduler_timeline_records_both_servers(nospec, faser, timelines):
     """FASER_SCHED_TIMELINE traces any server's scheduler loop, FASER's and no-spec's."""
     generate(nospec.base_url, PROMPTS[:4], GREEDY)

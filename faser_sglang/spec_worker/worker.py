@@ -40,6 +40,7 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
 
+from faser_sglang import memory_plan
 from faser_sglang.config import FaserConfig
 from faser_sglang.layout import RaggedLayout
 from faser_sglang.metrics import FaserStats, PhaseClock, PhaseRanges, annotate
@@ -75,6 +76,7 @@ class FaserWorker(BaseSpecWorker):
             server_args, gpu_id, ps, nccl_port, chains=self.config.draft_chain, sampled_chains=self.config.sampled_chain
         )
         check_draft_matches_target(target_worker, self._draft_worker)
+        memory_plan.note_draft(self.draft_runner)  # before SGLang plans the target's KV pool
         deployment = None
         if self.config.policy == "adaptive":
             # Only the adaptive policy reads the two models' configs (for its cost model).
@@ -101,6 +103,7 @@ class FaserWorker(BaseSpecWorker):
 
     def alloc_memory_pool(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         super().alloc_memory_pool(memory_pool_config, req_to_token_pool, token_to_kv_pool_allocator)
+        memory_plan.check_draft_pool(self.draft_runner.token_to_kv_pool, self.draft_runner.max_total_num_tokens)
         vocab = self._target_worker.model_runner.model_config.vocab_size
         mode = self.config.chunk_forward
         self.history = TokenHistory(req_to_token_pool.req_to_token, self.k_max)
