@@ -1,7 +1,7 @@
 """The target's KV memory plan counts the draft's KV pool (faser_sglang.memory_plan).
 
 The arithmetic runs through SGLang's own ``DefaultPoolConfigurator.calculate_pool_sizes``;
-the end-to-end test (test_e2e_faser.py) reads the plan a real server logged.
+the end-to-end tests (here and in test_e2e_faser.py) read the plan a real server logged.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from sglang.srt.model_executor.pool_configurator import DefaultPoolConfigurator,
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
 from faser_sglang import memory_plan
+from faser_sglang.kit.drafts import truncate_layers
 from faser_sglang.plugin import FaserSpecAlgo
+from fuzz_utils import faser_flags
+from server_utils import generate, launch_server
 
 
 def default_configurator(cell_size: int) -> DefaultPoolConfigurator:
@@ -90,3 +93,15 @@ def test_kv_bytes_per_token_reads_only_a_plain_plan():
     assert memory_plan.kv_bytes_per_token(default_configurator(4096)) == 4096
     assert memory_plan.kv_bytes_per_token(object.__new__(MemoryPoolConfigurator)) is None
 
+
+
+def test_a_server_counts_a_draft_of_another_depth(tiny_models, tmp_path):
+    """A one-layer draft of the tiny target (float32, 2 KV heads x head dim 16, K and V):
+    256 KV bytes per token beside the target's 512, and the server serves."""
+    draft = truncate_layers(tiny_models.draft, tmp_path / "draft-1-layer", 1)
+    with launch_server(tiny_models.target, *faser_flags(draft, 3), "--skip-server-warmup") as server:
+        (out,) = generate(server.base_url, ["def main():"], {"max_new_tokens": 8, "temperature": 0})
+        log = server.log_tail(2_000_000)
+    assert len(out["output_ids"]) == 8
+    assert "FASER memory plan: 768 KV bytes per token (target 512 + draft 256)" in log
+    assert "FASER memory plan: the" not in log  # no warning about either pool
