@@ -5,7 +5,7 @@
 # call leaves everything measured so far in $OUT/results.tgz.
 #
 #   call  carry                                              what runs
-#   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; background: kernel warm-up and
+#   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; time graph launches; background: kernel warm-up and
 #         .bundle/gguf/SHA256                                the single-GPU tests (GPU 0) and, on GPU 1, the differential
 #                                                            fuzzer (GPU1_JOB=fuzz, default; FUZZ_SEEDS x
 #                                                            FUZZ_CASES) or the 8-minute soak (GPU1_JOB=soak)
@@ -109,6 +109,9 @@ case ${1:?call: 1|2|3|4} in
     { echo "commit: ${FASER_COMMIT:-unknown}  date: $(date -u +%FT%TZ)"
       nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader; } | tee "$RES/run-info.txt"
     bash scripts/gpu/stage_gguf.sh --receive | tee -a "$RES/measure.log"
+    # The host cost of a CUDA graph launch by size and shape, with and without a profiler
+    # (under half a minute), while the GPU has nothing else to do.
+    python3 scripts/gpu/graph_launch.py --out $RES/graph-launch 2>&1 | tee "$RES/graph-launch.md"
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
     rm -f $RES/tests.done $RES/warm.done $RES/gpu1.started $RES/gpu1.done  # markers of an earlier call 1
