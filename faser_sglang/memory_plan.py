@@ -98,9 +98,9 @@ def check_draft_pool(draft_pool: Any, tokens: int) -> None:
     sizes = getattr(draft_pool, "get_kv_size_bytes", None)
     if sizes is None or tokens <= 0:
         return
-    per_token = sum(sizes()) / tokens
-    # A pool holds page_size padding slots past its size, so allow a little over.
-    if per_token > _counted[1] * 1.01:
+    # A pool's buffers hold page_size slots past its size (SGLang's padding slot 0).
+    per_token = sum(sizes()) / (tokens + getattr(draft_pool, "page_size", 0))
+    if per_token > _counted[1] * 1.001:
         logger.warning(
             "FASER memory plan: the draft's KV pool takes %.0f bytes per token, the plan "
             "counted %d; pass --max-total-tokens (or a lower --mem-fraction-static) so "

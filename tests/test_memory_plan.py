@@ -68,10 +68,12 @@ def test_a_plan_of_another_kind_is_left_alone_and_the_pool_check_warns(draft_byt
     assert "does not count the draft's KV pool; pass --max-total-tokens" in caplog.text
 
 
-def pool(bytes_per_token: int, tokens: int) -> SimpleNamespace:
-    """A KV pool as SGLang reports its size: (K bytes, V bytes), with one page past its size."""
-    rows = tokens + 1
-    return SimpleNamespace(get_kv_size_bytes=lambda: (rows * bytes_per_token // 2, rows * bytes_per_token // 2))
+def pool(bytes_per_token: int, tokens: int, page_size: int = 64) -> SimpleNamespace:
+    """A KV pool as SGLang reports its size: (K bytes, V bytes) of its buffers, which
+    hold one page past its size."""
+    rows = tokens + page_size
+    half = rows * bytes_per_token // 2
+    return SimpleNamespace(page_size=page_size, get_kv_size_bytes=lambda: (half, half))
 
 
 def test_the_pool_check_accepts_what_was_counted_and_flags_a_bigger_pool(draft_bytes, caplog):
@@ -79,8 +81,8 @@ def test_the_pool_check_accepts_what_was_counted_and_flags_a_bigger_pool(draft_b
     with caplog.at_level(logging.WARNING, logger="faser_sglang.memory_plan"):
         memory_plan.check_draft_pool(pool(300, tokens=1000), tokens=1000)
         assert caplog.text == ""
-        memory_plan.check_draft_pool(pool(600, tokens=1000), tokens=1000)
-    assert "takes 601 bytes per token, the plan counted 300" in caplog.text
+        memory_plan.check_draft_pool(pool(302, tokens=1000), tokens=1000)
+    assert "takes 302 bytes per token, the plan counted 300" in caplog.text
 
 
 def test_no_draft_recorded_leaves_the_plan_alone(monkeypatch):
