@@ -17,6 +17,12 @@ trace is summarised per step kind, batch size and FASER phase
 host spends in each phase, how much of it waiting on the device, what it launches and
 how long the device works on it.
 
+The profiler slows the host (each op and each graph launch is recorded), so before it
+starts, the batch's step period is also read without it from SGLang's own decode log
+(``unprofiled_period_ms``: the log line that closes the first whole --decode-log-interval
+steps at the batch size, ``accept len`` tokens per request and step, 1 without
+speculation, times C over its generation throughput).
+
 Writes DIR/<contender>-c<C>.trace.json.gz (open in Perfetto or chrome://tracing),
 DIR/steps.json and DIR/steps.md (rewritten after every batch, so a run cut short
 keeps the batches it finished; ``python -m faser_sglang.bench.step_profile TRACE...``
@@ -28,12 +34,13 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import shlex
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import requests
 from tqdm import tqdm
@@ -45,6 +52,10 @@ from faser_sglang.bench.quick import Prompt
 
 PROMPT = "def fibonacci(n):\n    "
 TOP_P = 0.95  # of sampled requests
+UNPROFILED_TIMEOUT = 60.0  # s for two decode log lines (SGLang logs one per 40 steps by default)
+DECODE_LINE = re.compile(
+    r"Decode batch, #running-req: (\d+),(?:.*?accept len: ([\d.]+),)?.*?gen throughput \(token/s\): ([\d.]+)"
+)
 
 
 def wait_for_batch(base_url: str, size: int, timeout: float) -> None:
@@ -56,6 +67,25 @@ def wait_for_batch(base_url: str, size: int, timeout: float) -> None:
             return
         time.sleep(0.2)
     raise RuntimeError(f"the server did not reach a batch of {size} running requests in {timeout:.0f} s")
+
+
+def unprofiled_period_ms(log_path: Path, size: int, timeout: float) -> Optional[float]:
+    """The step period of a steady batch of ``size`` requests from SGLang's decode log,
+    read from the log's current end on (module docstring); None if no whole interval
+    at that batch size is logged within ``timeout`` s. The first line at the batch size
+    closes an interval that began before this call, so the second one is read."""
+    start = log_path.stat().st_size
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with log_path.open(errors="replace") as log:
+            log.seek(start)
+            lines = [m for m in DECODE_LINE.finditer(log.read()) if int(m[1]) == size]
+        if len(lines) >= 2:
+            _, accept_len, throughput = lines[1].groups()
+            tokens_per_step = size * (float(accept_len) if accept_len else 1.0)
+            return 1000.0 * tokens_per_step / float(throughput) if float(throughput) > 0 else None
+        time.sleep(0.2)
+    return None
 
 
 def wait_for_trace(path: Path, timeout: float) -> list[dict[str, Any]]:
@@ -71,14 +101,18 @@ def wait_for_trace(path: Path, timeout: float) -> list[dict[str, Any]]:
     raise RuntimeError(f"no complete profiler trace at {path} after {timeout:.0f} s")
 
 
-def profile_once(server: servers.Server, name: str, size: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Profile --steps steps of a batch of ``size`` requests; the trace's groups."""
+def profile_once(
+    server: servers.Server, name: str, size: int, args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], Optional[float]]:
+    """Profile --steps steps of a batch of ``size`` requests: the trace's groups, and the
+    batch's step period before the profile (``unprofiled_period_ms``)."""
     reqs = [Prompt(PROMPT, args.max_new_tokens)] * size
     sender = threading.Thread(target=replay, args=(server.base_url, reqs, [0.0] * size, args.sampling), daemon=True)
     sender.start()
     try:
         wait_for_batch(server.base_url, size, args.timeout)
         time.sleep(args.settle)
+        unprofiled = unprofiled_period_ms(server.log_path, size, min(args.timeout, UNPROFILED_TIMEOUT))
         profile_id = f"{name}-c{size}"
         trace = args.out / f"{profile_id}-TP-0.trace.json.gz"
         trace.unlink(missing_ok=True)  # an earlier run's would be read as this one's
@@ -106,12 +140,13 @@ def profile_once(server: servers.Server, name: str, size: int, args: argparse.Na
     left = health.wait_until_drained(server.base_url)
     if not left.idle or left.used_tokens:
         raise RuntimeError(f"{name}: after the abort the server still holds {left}")
-    return step_profile.summarize(step_profile.steps(step_profile.parse(events)))
+    return step_profile.summarize(step_profile.steps(step_profile.parse(events))), unprofiled
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, Any]] = {}
+    unprofiled: dict[str, dict[str, Optional[float]]] = {}
     md = [f"# Decode steps by phase\n\n`{args.command}`\n"]
     plan = [(name, size) for name in args.contenders for size in args.concurrency]
     bar = tqdm(total=len(plan), desc="profiling", unit="batch")
@@ -119,26 +154,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         c = servers.steady_contender(
             name, args.draft, args.k_max, args.out, args.faser_ad_config, greedy=args.temperature == 0
         )
-        results[name] = {}
+        results[name], unprofiled[name] = {}, {}
         server_args = (*shlex.split(args.server_args), *c.args)
         with servers.launch(args.target, server_args, env=c.env, log_dir=args.out) as server:
             replay(server.base_url, [Prompt(PROMPT, 32)] * 4, [0.0] * 4, args.sampling)  # warm-up
             for size in args.concurrency:
-                groups = profile_once(server, name, size, args)
-                results[name][str(size)] = groups
+                groups, period = profile_once(server, name, size, args)
+                results[name][str(size)], unprofiled[name][str(size)] = groups, period
                 md.append(step_profile.markdown(groups, title=f"{name}, {size} requests"))
-                report = write(args, results, md)  # after every batch: a run cut short keeps what it measured
+                md.append(f"unprofiled step period (SGLang's decode log, before the profile): {_ms(period)}\n")
+                report = write(args, results, unprofiled, md)  # after every batch: a run cut short keeps what it measured
                 bar.update()
     bar.close()
     print("\n".join(md))
     return report
 
 
-def write(args: argparse.Namespace, results: dict[str, dict[str, Any]], md: list[str]) -> dict[str, Any]:
-    report = {"command": args.command, "steps": args.steps, "profiles": results}
+def write(
+    args: argparse.Namespace,
+    results: dict[str, dict[str, Any]],
+    unprofiled: dict[str, dict[str, Optional[float]]],
+    md: list[str],
+) -> dict[str, Any]:
+    report = {"command": args.command, "steps": args.steps, "profiles": results, "unprofiled_period_ms": unprofiled}
     (args.out / "steps.json").write_text(json.dumps(report, indent=1))
     (args.out / "steps.md").write_text("\n".join(md))
     return report
+
+
+def _ms(value: Optional[float]) -> str:
+    return "not logged" if value is None else f"{value:.2f} ms"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

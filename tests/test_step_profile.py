@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
+import time
 
 import pytest
 
@@ -124,6 +126,44 @@ def test_step_kinds_and_the_synchronous_loops_second_settle():
     assert one.phases["draft.first"]["host_ms"] == pytest.approx(0.01)
 
 
+def test_unprofiled_period_reads_the_second_whole_interval_at_the_batch_size(tmp_path):
+    """SGLang's decode log lines after the call: the first one at the batch size may
+    have begun before the batch was steady; the second one gives the period, from its
+    accept length (1 without speculation) and generation throughput."""
+    script = load_script("profile_step")
+    spec = [
+        "Decode batch, #running-req: 3, #token: 90, token usage: 0.00, accept len: 2.00, accept rate: 0.33, "
+        "cuda graph: True, gen throughput (token/s): 100.00, #queue-req: 0",
+        "Decode batch, #running-req: 4, #token: 99, token usage: 0.00, accept len: 2.50, accept rate: 0.50, "
+        "cuda graph: True, gen throughput (token/s): 400.00, #queue-req: 0",
+        "Decode batch, #running-req: 4, #token: 99, token usage: 0.00, accept len: 2.00, accept rate: 0.33, "
+        "cuda graph: True, gen throughput (token/s): 500.00, #queue-req: 0",
+    ]
+    plain = ["Decode batch, #running-req: 2, #token: 9, token usage: 0.00, cuda graph: True, "
+             "gen throughput (token/s): 50.00, #queue-req: 0"] * 2  # fmt: skip
+    early = "Decode batch, #running-req: 4, #token: 9, cuda graph: True, gen throughput (token/s): 1.00, #q"
+
+    def period(lines: list[str], size: int) -> float | None:
+        log = tmp_path / "server.log"
+        log.write_text(f"[t] {early}\n")  # logged before the call: not read
+
+        def append_later() -> None:
+            time.sleep(0.3)
+            with log.open("a") as f:
+                f.writelines(f"[t] {line}\n" for line in lines)
+
+        writer = threading.Thread(target=append_later)
+        writer.start()
+        try:
+            return script.unprofiled_period_ms(log, size, timeout=2)
+        finally:
+            writer.join()
+
+    assert period(spec, 4) == pytest.approx(1000 * 4 * 2.0 / 500)  # 16 ms: the second line at 4 requests
+    assert period(plain, 2) == pytest.approx(1000 * 2 / 50)  # no speculation: one token per step
+    assert period(spec, 8) is None  # no line at that batch size
+
+
 def test_profile_step_refuses_a_profile_without_host_events(tmp_path, capsys):
     script = load_script("profile_step")
     with pytest.raises(SystemExit):
@@ -143,6 +183,7 @@ def test_profile_step_records_every_phase_of_a_live_server(tiny_models, cpu_serv
                  "--server-args", " ".join(CPU_SERVER_FLAGS)])  # fmt: skip
     report = json.loads((out / "steps.json").read_text())
     (group,) = report["profiles"]["faser-k3"]["2"]
+    assert report["unprofiled_period_ms"]["faser-k3"]["2"] > 0  # from the server's decode log
     # Fixed lengths, a draft that disagrees often: each row lags at most one token, so
     # the chain feeds every catch-up.
     assert (group["kind"], group["batch_size"]) == ("drafting/chain", 2) and group["steps"] >= 5
