@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+from check_h2d_sync import sleep_cycles_for  # this folder: the script's own
 
 SHAPES = ("line", "fork", "memcpy")
 CONDITIONS = ("idle", "busy", "profiled")
@@ -83,17 +84,6 @@ def node_types(graph: torch.cuda.CUDAGraph) -> Optional[dict[str, int]]:
     except (AttributeError, ImportError, RuntimeError):
         return None
     return dict(Counter(node["node_type"] for node in data["nodes"]))
-
-
-def sleep_cycles_for(ms: float) -> int:
-    """GPU clock cycles that ``torch.cuda._sleep`` spins for about ``ms``."""
-    probe = 10_000_000
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(probe)
-    end.record()
-    end.synchronize()
-    return int(probe * ms / start.elapsed_time(end))
 
 
 def launch_us(graph: torch.cuda.CUDAGraph, before: Callable[[], None]) -> float:
