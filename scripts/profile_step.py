@@ -163,7 +163,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 results[name][str(size)], unprofiled[name][str(size)] = groups, period
                 md.append(step_profile.markdown(groups, title=f"{name}, {size} requests"))
                 md.append(f"unprofiled step period (SGLang's decode log, before the profile): {_ms(period)}\n")
-                report = write(args, results, unprofiled, md)  # after every batch: a run cut short keeps what it measured
+                # After every batch: a run cut short keeps what it measured.
+                report = write(args, results, unprofiled, md)
                 bar.update()
     bar.close()
     print("\n".join(md))

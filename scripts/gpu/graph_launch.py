@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import torch
+from torch.profiler import ProfilerActivity
+
 from check_h2d_sync import sleep_cycles_for  # this folder: the script's own
 
 SHAPES = ("line", "fork", "memcpy")
@@ -107,7 +109,7 @@ def measure(shape: str, nodes: int, busy_cycles: int) -> dict:
     for condition in CONDITIONS:
         before = (lambda: torch.cuda._sleep(busy_cycles)) if condition == "busy" else (lambda: None)
         profiler = (
-            torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA])
+            torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             if condition == "profiled"
             else nullcontext()
         )
