@@ -6,7 +6,7 @@ one token's KV takes (``DefaultPoolConfigurator._cell_size``). FASER's draft kee
 pool of its own with as many tokens (a token's draft KV lives at the same slot index as
 its target KV, draft_model.py), so a plan that counted the target alone would leave
 the draft's pool to the memory SGLang keeps free for activations and CUDA graphs, and
-the server would run out of device memory at startup or under load. SGLang counts its
+the server could run out of device memory at startup or under load. SGLang counts its
 own EAGLE and STANDALONE drafts the same way, by scaling the target's bytes per token
 (assuming the draft's layers are the target's size); FASER adds the draft's own bytes
 per token, computed by SGLang's configurator for the draft's model, KV dtype and
