@@ -32,11 +32,11 @@
 #   host-wait                                                wait for "host" (at most WAIT s)
 # On one GPU the tests run in the background of call 1 (TESTS_K selects them, e.g.
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
-# the GPU-1 job and TP=2 runs are left out. A lent machine is held for at most 30
-# minutes, and has been taken back after 21: with the 13.5B pair (built and distilled
-# in about 6-7 min of call 3, each contender 2.7-4.3 min from start to its trace's end)
-# that is three to four contenders after call 1's install; list the ones that matter
-# first, since a machine taken back mid-run keeps only what finished.
+# the GPU-1 job and TP=2 runs are left out. Where a GPU machine is available for about
+# 30 minutes at a time, with the 13.5B pair (built and distilled in about 6-7 min of
+# call 3, each contender 2.7-4.3 min from start to its trace's end) that is three to
+# four contenders after call 1's install; list the ones that matter first, since a run
+# cut short keeps only what finished.
 #
 # SWEEP_RATES="" leaves the rate sweep out. RATE sets the bursty trace's mean request rate
 # (default 6). AB_TEMPERATURE=0.8 has every A/B request sample (top-p 0.95) instead of
@@ -250,7 +250,7 @@ case ${1:?call: 1|2|3|4} in
     wait_for big.done; grep '^\[ab\]' "$RES/big.log" | tail -20 ;;
   4)
     # Wait for "big", at most $WAIT seconds (the call's limit is 600), collecting every
-    # minute so a call cut short by the device budget still returns what was measured.
+    # minute so a call cut short still returns what was measured.
     wait_for big.done
     tail -30 "$RES/big.log"; tail -3 "$RES/gpu1.log"; tail -5 "$RES/tests.log"
     [[ -f $RES/big.done ]] || log "still running (collecting what exists)" ;;
