@@ -51,15 +51,12 @@ from faser_sglang.bench.quick import Prompt
 PROMPT = "def fibonacci(n):\n    "
 
 
-DECODE_LINE = re.compile(r"Decode batch.*?#running-req: (\d+),.*?gen throughput \(token/s\): ([\d.]+)")
-
-
 def decode_rate(log: str, running: int) -> Optional[float]:
     """Median generation throughput (tokens/s) of the server's "Decode batch" log lines
     logged while exactly ``running`` requests decoded; None if there are none. The
     median, because a line's rate covers the time since the previous line, and the
     first line of a run also covers the idle time before it."""
-    rates = [float(m[2]) for m in DECODE_LINE.finditer(log) if int(m[1]) == running]
+    rates = [line.throughput for line in servers.decode_log_lines(log) if line.running == running]
     return statistics.median(rates) if rates else None
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import re
 import shlex
 import sys
 import threading
@@ -53,9 +52,6 @@ from faser_sglang.bench.quick import Prompt
 PROMPT = "def fibonacci(n):\n    "
 TOP_P = 0.95  # of sampled requests
 UNPROFILED_TIMEOUT = 60.0  # s for two decode log lines (SGLang logs one per 40 steps by default)
-DECODE_LINE = re.compile(
-    r"Decode batch, #running-req: (\d+),(?:.*?accept len: ([\d.]+),)?.*?gen throughput \(token/s\): ([\d.]+)"
-)
 
 
 def wait_for_batch(base_url: str, size: int, timeout: float) -> None:
@@ -79,11 +75,11 @@ def unprofiled_period_ms(log_path: Path, size: int, timeout: float) -> Optional[
     while time.monotonic() < deadline:
         with log_path.open(errors="replace") as log:
             log.seek(start)
-            lines = [m for m in DECODE_LINE.finditer(log.read()) if int(m[1]) == size]
+            lines = [line for line in servers.decode_log_lines(log.read()) if line.running == size]
         if len(lines) >= 2:
-            _, accept_len, throughput = lines[1].groups()
-            tokens_per_step = size * (float(accept_len) if accept_len else 1.0)
-            return 1000.0 * tokens_per_step / float(throughput) if float(throughput) > 0 else None
+            line = lines[1]
+            tokens_per_step = size * (line.accept_len or 1.0)
+            return 1000.0 * tokens_per_step / line.throughput if line.throughput > 0 else None
         time.sleep(0.2)
     return None
 

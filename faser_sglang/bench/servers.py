@@ -221,6 +221,27 @@ class Server:
         self.close()
 
 
+@dataclass(frozen=True)
+class DecodeLogLine:
+    """One of SGLang's "Decode batch" log lines (one per --decode-log-interval decode steps)."""
+
+    running: int  # requests in the batch
+    accept_len: float | None  # tokens per request and step; None without speculation
+    throughput: float  # generated tokens/s since the previous line
+
+
+_DECODE_LINE = re.compile(
+    r"Decode batch, #running-req: (\d+),(?:.*?accept len: ([\d.]+),)?.*?gen throughput \(token/s\): ([\d.]+)"
+)
+
+
+def decode_log_lines(text: str) -> list[DecodeLogLine]:
+    """The decode log lines in a server's log ``text``, in order."""
+    return [
+        DecodeLogLine(int(m[1]), float(m[2]) if m[2] else None, float(m[3])) for m in _DECODE_LINE.finditer(text)
+    ]
+
+
 # Free ports are picked, released, then bound by the server: another process starting
 # at the same time (a second server's internal ports) can take one in between.
 PORT_ATTEMPTS = 3
