@@ -90,6 +90,13 @@ class FaserConfig:
     # distributions (297 MiB at 64 rows, K_max = 7, a 152k vocabulary; 37 MiB more for
     # the bias). false: such steps draft one forward at a time.
     sampled_chain: bool = True
+    # Queue each step's draft chain at the end of the step before, behind its acceptance,
+    # so a step that drafted ahead only verifies (spec_worker/draft_ahead.py). Greedy,
+    # unbiased batches without logprobs; needs draft_chain, K_max >= 2 and a draft
+    # attention backend that plans on the device (--speculative-draft-attention-backend
+    # triton on a GPU). SGLang then reserves 3 K_max + 3 KV slots per request and step
+    # instead of 2 K_max + 2.
+    draft_ahead: bool = False
 
     @property
     def lazy_draft_prefill(self) -> bool:
@@ -133,6 +140,13 @@ class FaserConfig:
             raise ValueError(f"FASER config 'draft_chain' must be true or false, got {self.draft_chain!r}")
         if not isinstance(self.sampled_chain, bool):
             raise ValueError(f"FASER config 'sampled_chain' must be true or false, got {self.sampled_chain!r}")
+        if not isinstance(self.draft_ahead, bool):
+            raise ValueError(f"FASER config 'draft_ahead' must be true or false, got {self.draft_ahead!r}")
+        if self.draft_ahead and not self.draft_chain:
+            raise ValueError(
+                "FASER config 'draft_ahead' drafts the next step as one chain: it needs 'draft_chain' "
+                "true (or set draft_ahead false)"
+            )
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"FASER config 'seed' must be an integer, got {self.seed!r}")
 

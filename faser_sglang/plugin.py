@@ -5,7 +5,9 @@ SGLang runs every ``sglang.srt.plugins`` entry point once per process
 ``--speculative-algorithm FASER`` resolves everywhere through SGLang's own
 registry. Hooks, through SGLang's HookRegistry: the target model captures its decode
 CUDA graphs as a plain decoder's instead of for EAGLE-style verification, its KV
-memory plan counts the draft's KV pool too (``faser_sglang.memory_plan``), and
+memory plan counts the draft's KV pool too (``faser_sglang.memory_plan``), a server
+that drafts ahead reserves the KV its chains write
+(``faser_sglang.kv_reserve``), and
 requests are checked before they reach the scheduler (``faser_sglang.request_guard``);
 with ``FASER_SCHED_TIMELINE`` set, the scheduler loop's host timeline is recorded, in
 any server (``faser_sglang.sched_timeline``).
@@ -17,7 +19,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from faser_sglang import memory_plan, request_guard, sched_timeline
+from faser_sglang import kv_reserve, memory_plan, request_guard, sched_timeline
 from faser_sglang.spec_worker import validation
 
 ALGORITHM_NAME = "FASER"
@@ -92,6 +94,8 @@ def register() -> None:
     )(_worker_factory)
     HookRegistry.register(CAPTURE_CUDA_GRAPHS, _target_graphs_as_plain_decoder, HookType.AROUND)
     HookRegistry.register(memory_plan.CREATE_CONFIGURATOR, memory_plan.count_draft_kv, HookType.AROUND)
+    HookRegistry.register(kv_reserve.ALLOC_RESERVE, kv_reserve.reserve_per_decode, HookType.AROUND)
+    HookRegistry.register(kv_reserve.EXTRA_CONTEXT, kv_reserve.extra_context_len, HookType.AROUND)
     HookRegistry.register(request_guard.TOKENIZE_STEP, request_guard.guard_tokenize, HookType.AROUND)
     HookRegistry.register(request_guard.VALIDATE_STEP, request_guard.guard_validate, HookType.AROUND)
     if sched_timeline.timeline_dir() is not None:

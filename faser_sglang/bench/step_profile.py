@@ -7,7 +7,9 @@ phase, in order: ``settle`` (the previous step's acceptance read back), ``policy
 (lengths, layout), then either ``plain`` (nobody drafts: a plain decode) or ``draft``
 (inside it ``draft.chain`` alone when the chain fed the catch-up, else ``draft.catchup``
 and then ``draft.chain``, ``draft.loop`` or, when no request drafts past its first
-token, ``draft.first``), ``verify`` and ``accept``.
+token, ``draft.first``; ``draft.ahead`` alone when the last step drafted this one's
+tokens), ``verify`` and ``accept``, then ``ahead`` where the step queues the next
+step's chain (draft_ahead.py) before its result.
 On SGLang's synchronous loop a step settles its own acceptance at its end: a second
 ``settle`` range (then ``accept`` again), whose figures add to the first's.
 
@@ -64,7 +66,8 @@ DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 # Phases in the order a step runs them; sub-phases of ``draft`` follow it.
 PHASES = (
-    "settle", "policy", "plain", "draft", "draft.catchup", "draft.chain", "draft.loop", "draft.first", "verify", "accept",
+    "settle", "policy", "plain", "draft", "draft.catchup", "draft.chain", "draft.loop", "draft.first", "draft.ahead",
+    "verify", "accept", "ahead",
 )  # fmt: skip
 METRICS = (
     "host_ms", "ops_ms", "runtime_ms", "python_ms", "sync_ms", "copy_ms", "launches", "graphs", "graph_ms", "gpu_ms",
@@ -350,6 +353,8 @@ def _kind(step: str, phases: dict[str, Any]) -> str:
         return "prefill"
     if "plain" in phases:
         return "plain"
+    if "draft.ahead" in phases:
+        return "drafting/ahead"
     if "draft.chain" in phases:
         return "drafting/catchup+chain" if "draft.catchup" in phases else "drafting/chain"
     if "draft.loop" in phases:

@@ -52,6 +52,12 @@ _SHAREABLE = {
     "sglang.srt.layers.attention.triton_backend.TritonMultiStepDraftBackend",
     "sglang.srt.layers.attention.intel_amx_backend.IntelAMXMultiStepDraftBackend",
 }
+# Multi-step draft backends that plan a replay with kernels, from the device's lengths
+# (Triton's ``generate_draft_decode_kv_indices``; seq_lens_sum None bounds its slices).
+_DEVICE_PLANNED = {
+    "sglang.srt.layers.attention.triton_backend.TritonMultiStepDraftBackend",
+    "sglang.srt.layers.attention.intel_amx_backend.IntelAMXMultiStepDraftBackend",
+}
 # A multi-step backend's tensors with a row per step ([steps, ...]).
 _PER_STEP = ("kv_indptr", "cuda_graph_kv_indices")
 
@@ -148,6 +154,11 @@ class ChainBackends:
                 reuse_decode_wrappers(step_backend)
         self._graph_state: Optional[tuple[int, int]] = None  # (max_bs, max_num_tokens) once set up
 
+    @property
+    def plans_on_device(self) -> bool:
+        """Whether a replay plans from the device's lengths alone (no host lengths)."""
+        return _qualname(self.longest) in _DEVICE_PLANNED
+
     def backend(self, forwards: int) -> Any:
         """The multi-step backend of a chain of ``forwards`` forwards (forwards + 1 steps)."""
         steps = forwards + 1
@@ -186,7 +197,7 @@ def shareable(backend: Any) -> bool:
     """Whether chains of fewer steps can be views of this multi-step backend: a type
     listed in _SHAREABLE whose per-step attention backends, if they are FlashInfer's,
     create their graph wrappers through the hook ``reuse_decode_wrappers`` replaces."""
-    if f"{type(backend).__module__}.{type(backend).__qualname__}" not in _SHAREABLE:
+    if _qualname(backend) not in _SHAREABLE:
         return False
     flashinfer = isinstance(backend, FlashInferMultiStepDraftBackend)
     return not flashinfer or all(hasattr(b, "_create_decode_wrappers") for b in backend.attn_backends)
@@ -214,3 +225,7 @@ def reuse_decode_wrappers(step_backend: Any) -> None:
         return made[bs][1]
 
     step_backend._create_decode_wrappers = create_once
+
+
+def _qualname(obj: Any) -> str:
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"

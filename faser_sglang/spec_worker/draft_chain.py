@@ -58,6 +58,7 @@ from sglang.srt.model_executor.forward_context import ForwardContext, forward_co
 from sglang.srt.speculative.eagle_info import EagleDraftInput
 from sglang.srt.utils import get_cuda_graph_max_batch_size
 
+from faser_sglang.kv_reserve import MAX_FORCED_GAP
 from faser_sglang.spec_worker.chain_backends import ChainBackends
 from faser_sglang.spec_worker.chain_sampling import ChainSampling
 from faser_sglang.spec_worker.sampling import SamplingRows
@@ -66,10 +67,6 @@ from faser_sglang.tensors import device_tensor
 logger = logging.getLogger(__name__)
 
 
-# Committed tokens a drafting row may lag and still start its chain from them: 0 after
-# a step that rejected a draft, 1 after one that accepted all of the step's longest.
-# At most 1: the chain must not write past the verify's last position (module docstring).
-MAX_FORCED_GAP = 1
 # Rows up to which sampled chains are captured as CUDA graphs; larger sampled batches
 # draft one forward at a time (DraftChains.serves). Their q buffer is [rows, K_max + 1,
 # V] float32 (297 MiB at 64 rows, K_max = 7 and a 152k vocabulary; the logit bias 37 MiB
@@ -220,11 +217,59 @@ class DraftChains:
         each (a greedy row's q is unused by the verify), else None."""
         n = len(starts)
         device = forced.device
-        self.forced[:n, : forced.shape[1]].copy_(forced)
         fed_cpu = torch.tensor(list(starts), dtype=torch.int64)  # [n]
         gaps_fed_rows = device_tensor([*gaps, *starts, *pool_rows], device).view(3, n)  # one copy
-        self.gaps[:n].copy_(gaps_fed_rows[0])
-        fed, req_pool_indices = gaps_fed_rows[1], gaps_fed_rows[2]
+        return self._draft(
+            gaps_fed_rows[2], gaps_fed_rows[1], gaps_fed_rows[0], forced, forwards, drafts,
+            fed_cpu, int(fed_cpu.sum()), sampling, generator,
+        )  # fmt: skip
+
+    def plans_on_device(self, rows: int) -> bool:
+        """Whether a greedy chain over this many rows runs without host lengths
+        (``run_ahead``): its graph replays through a multi-step backend that plans with
+        kernels (Triton's), or it runs on the CPU, where the device's lengths are the
+        host's. FlashInfer plans from host lengths (chain_backends.py)."""
+        if self.draft_runner.device == "cpu":
+            return True
+        return self.graphed(rows) and self.backends.plans_on_device
+
+    def run_ahead(
+        self,
+        pool_rows: torch.Tensor,  # [n] int64 the drafting rows' request-pool rows
+        starts: torch.Tensor,  # [n] int64 s_r, on the device only
+        gaps: torch.Tensor,  # [n] int64 g_r in 0..MAX_FORCED_GAP, on the device only
+        forced: torch.Tensor,  # [n, G + 1] int64, row r's first g_r + 1 inputs, G >= max g_r
+        forwards: int,  # M
+        drafts: int,  # tokens wanted per row, drafts + G <= M
+    ) -> torch.Tensor:
+        """``run`` for a greedy, unbiased chain whose starts and gaps the host does not
+        know (draft_ahead.py): [n, drafts] int64, each row's draws g_r .. g_r + drafts - 1.
+        Only where ``plans_on_device``."""
+        on_cpu = starts.device.type == "cpu"
+        fed_cpu = starts.clone() if on_cpu else None  # a CPU tensor is its own host copy
+        tokens, _ = self._draft(
+            pool_rows, starts, gaps, forced, forwards, drafts,
+            fed_cpu, int(starts.sum()) if on_cpu else None, None, None,
+        )  # fmt: skip
+        return tokens
+
+    def _draft(
+        self,
+        req_pool_indices: torch.Tensor,  # [n] int64
+        fed: torch.Tensor,  # [n] int64 s_r
+        gaps: torch.Tensor,  # [n] int64 g_r
+        forced: torch.Tensor,  # [n, G + 1] int64
+        forwards: int,
+        drafts: int,
+        fed_cpu: Optional[torch.Tensor],  # [n] s_r on the host; None: planned on the device
+        seq_lens_sum: Optional[int],  # None with fed_cpu: a multi-step backend bounds it
+        sampling: Optional[SamplingRows],
+        generator: Optional[torch.Generator],
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        n = fed.numel()
+        device = forced.device
+        self.forced[:n, : forced.shape[1]].copy_(forced)
+        self.gaps[:n].copy_(gaps)
         positions = fed.unsqueeze(1) + torch.arange(forwards + 1, device=device)  # [n, M + 1]
         locs = self.req_to_token[req_pool_indices.unsqueeze(1), positions].to(torch.int64)
         fb = ForwardBatch(
@@ -235,7 +280,7 @@ class DraftChains:
             seq_lens=fed,
             seq_lens_cpu=fed_cpu,
             out_cache_loc=locs.reshape(-1),
-            seq_lens_sum=int(fed_cpu.sum()),
+            seq_lens_sum=seq_lens_sum,
             positions=fed.clone(),
             spec_algorithm=self.draft_runner.spec_algorithm,
             spec_info=EagleDraftInput(  # read by the graph runner only; the inputs are ``forced``

@@ -13,6 +13,8 @@ from typing import Optional, Sequence
 import torch
 from sglang.srt.speculative.spec_info import SpecInput
 
+from faser_sglang.spec_worker.draft_ahead import AheadDrafts
+
 
 class FaserDraftState(SpecInput):
     """How far each request's draft KV cache is filled, at most.
@@ -30,6 +32,9 @@ class FaserDraftState(SpecInput):
     missing committed tokens first (catch-up), so drafts always condition on the exact
     committed prefix.
 
+    ``ahead``: the drafts of the next step when it was drafted ahead (draft_ahead.py),
+    filtered and merged with the rows.
+
     The remaining fields are the overlap schedule's relay (SGLang's FutureMap):
     ``bonus_tokens`` [bs] is each request's last emitted token, which the scheduler
     stashes per request-pool row; ``future_indices`` are the rows it was stashed at.
@@ -41,6 +46,7 @@ class FaserDraftState(SpecInput):
         # (is_draft_input / is_verify_input) are False for it.
         super().__init__(spec_input_type=None)
         self.draft_kv_bound: list[int] = [int(x) for x in draft_kv_bound]
+        self.ahead: Optional[AheadDrafts] = None
         self.bonus_tokens = bonus_tokens
         self.future_indices: Optional[torch.Tensor] = None
         # Relay fields SGLang reads from every V2 draft input; FASER has none of them.
@@ -64,6 +70,8 @@ class FaserDraftState(SpecInput):
     ) -> None:
         keep = new_indices_cpu if new_indices_cpu is not None else new_indices.tolist()
         self.draft_kv_bound = [self.draft_kv_bound[i] for i in keep]
+        if self.ahead is not None:
+            self.ahead.filter(new_indices, keep)
         if self.future_indices is not None:
             self.future_indices = self.future_indices[new_indices]
         if self.bonus_tokens is not None:
@@ -72,6 +80,7 @@ class FaserDraftState(SpecInput):
     def merge_batch(self, other: Optional["FaserDraftState"]) -> None:
         if other is None:
             return
+        self.ahead = AheadDrafts.merged(self.ahead, len(self.draft_kv_bound), other.ahead, len(other.draft_kv_bound))
         self.draft_kv_bound = self.draft_kv_bound + other.draft_kv_bound
         self.future_indices = _cat(self.future_indices, other.future_indices)
         self.bonus_tokens = _cat(self.bonus_tokens, other.bonus_tokens)

@@ -20,9 +20,13 @@ MAX_DRAFT_LEN = 32
 DEFAULT_DRAFT_LEN = 5
 
 
+# Draft attention backends whose multi-step plans need no host lengths (draft_ahead.py).
+DRAFT_AHEAD_BACKENDS = ("triton", "intel_amx")
+
+
 def validate_server_args(server_args) -> None:
     """SGLang's per-algorithm validator (raises ValueError naming flag and fix)."""
-    FaserConfig.from_env()  # a bad FASER config fails here, before model loading
+    config = FaserConfig.from_env()  # a bad FASER config fails here, before model loading
     if not server_args.speculative_draft_model_path:
         raise ValueError(
             "FASER needs a draft model: pass --speculative-draft-model-path PATH "
@@ -60,6 +64,8 @@ def validate_server_args(server_args) -> None:
             f"draft's catch-up runs the same forwards as the verify, on {SUPPORTED_ATTENTION_BACKENDS}. "
             "Pass one of those, or leave the flag out to use the target's backend."
         )
+    if config.draft_ahead:
+        _check_draft_ahead(server_args)
     if server_args.enable_dp_attention:
         raise ValueError("FASER does not support --enable-dp-attention yet; remove the flag.")
     if server_args.pp_size != 1:
@@ -68,6 +74,25 @@ def validate_server_args(server_args) -> None:
         raise ValueError(
             "--speculative-adaptive tunes SGLang's built-in EAGLE/STANDALONE; FASER chooses "
             "per-request lengths itself. Remove the flag."
+        )
+
+
+def _check_draft_ahead(server_args) -> None:
+    k = server_args.speculative_num_steps
+    if k is not None and int(k) < 2:
+        raise ValueError(
+            f"FASER config 'draft_ahead' drafts with chains, which need K_max >= 2: pass "
+            f"--speculative-num-steps 2 or more (got {k}), or set draft_ahead false."
+        )
+    backend = getattr(server_args, "speculative_draft_attention_backend", None) or (
+        server_args.decode_attention_backend or server_args.attention_backend
+    )
+    if backend not in DRAFT_AHEAD_BACKENDS:
+        raise ValueError(
+            f"FASER config 'draft_ahead' needs a draft attention backend that plans on the device "
+            f"({DRAFT_AHEAD_BACKENDS}), got {backend or 'the default'}: pass "
+            "--speculative-draft-attention-backend triton (FlashInfer plans from host lengths, "
+            "which a chain drafted ahead does not have), or set draft_ahead false."
         )
 
 

@@ -47,7 +47,8 @@ from faser_sglang.metrics import FaserStats, PhaseClock, PhaseRanges, annotate
 from faser_sglang.spec_worker.accept import AcceptResult, accept
 from faser_sglang.spec_worker.adaptive import deployment_from_runners
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
-from faser_sglang.spec_worker.draft import DraftPhase
+from faser_sglang.spec_worker.draft import DraftOutput, DraftPhase
+from faser_sglang.spec_worker.draft_ahead import AheadDrafts, DraftAhead, plain_batch, predicted_context
 from faser_sglang.spec_worker.draft_model import DraftModel
 from faser_sglang.spec_worker.policy import StepContext, draft_caps, draft_room, make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
@@ -89,6 +90,7 @@ class FaserWorker(BaseSpecWorker):
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.overlap = not server_args.disable_overlap_schedule
         self._pending: Optional[PendingStep] = None
+        self.ahead: Optional[DraftAhead] = None  # set with the chains when draft_ahead is on
         self._decode_steps = 0
         self._last_seen: dict[str, int] = {}  # rid -> last decode step that carried it
         logger.info(
@@ -113,7 +115,23 @@ class FaserWorker(BaseSpecWorker):
 
     def init_cuda_graphs(self) -> None:
         super().init_cuda_graphs()
-        self.draft_phase.chains = self._draft_worker.chains
+        self.draft_phase.chains = chains = self._draft_worker.chains
+        if self.config.draft_ahead:
+            if chains is None or not chains.plans_on_device(1):
+                raise ValueError(
+                    "FASER draft_ahead needs draft chains that plan on the device: keep draft_chain "
+                    "true and pass --speculative-draft-attention-backend triton (FlashInfer plans "
+                    "from host lengths, which a chain drafted ahead does not have), or set "
+                    "draft_ahead false."
+                )
+            self.ahead = DraftAhead(chains, self.history, self.k_max)
+            from sglang.srt.mem_cache import allocation_sizing  # the hooked reservation (kv_reserve.py)
+
+            logger.info(
+                "FASER draft ahead: each step queues the next one's chain; SGLang reserves %d KV "
+                "slots per request and decode step",
+                allocation_sizing.get_alloc_reserve_per_decode(self.server_args),
+            )
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self._last_seen.pop(rid, None)
@@ -199,7 +217,10 @@ class FaserWorker(BaseSpecWorker):
             tuple(remaining),
             self.draft_phase.chains_batch(batch.reqs, batch.sampling_info),
         )
-        lengths = cap_to_remaining(self.policy.choose(rids, self.k_max, context), remaining)
+        # Drafted ahead: the lengths were chosen at the end of the last step (draft_ahead.py).
+        ahead = state.ahead if self.ahead is not None and plain_batch(batch) else None
+        chosen = ahead.lengths if ahead is not None else self.policy.choose(rids, self.k_max, context)
+        lengths = cap_to_remaining(chosen, remaining)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
         self.policy.step_began(started, lengths, context)
         bonus = self.history.bonus(batch)  # [bs]
@@ -212,7 +233,11 @@ class FaserWorker(BaseSpecWorker):
         clock.mark("policy")
 
         ranges.begin("draft")
-        drafts = self.draft_phase.run(batch, layout, draft_kv_lens, sampling, self.generator, self.history)
+        if ahead is not None:
+            with annotate("draft.ahead"):
+                drafts = self._drafted_ahead(ahead, layout, seq_lens, draft_kv_lens)
+        else:
+            drafts = self.draft_phase.run(batch, layout, draft_kv_lens, sampling, self.generator, self.history)
         self.agreement.tokens(drafts.tokens)
         clock.mark("draft")
         clock.label("catchup_forwards", drafts.catchup_forwards)
@@ -235,13 +260,49 @@ class FaserWorker(BaseSpecWorker):
         last = result.tokens.gather(1, (accept_lens - 1).long().unsqueeze(1)).squeeze(1)  # [bs] next bonus
         clock.mark("accept")
         self._pending = PendingStep.of(rids, seq_lens, draft_kv_lens, lengths, result.accept_lens, started, clock)
+        # Draft KV is valid up to the committed length it was fed (FaserDraftState).
+        next_state = FaserDraftState(drafts.draft_kv_lens, last)
+        phase_left = False
+        if self.ahead is not None and plain_batch(batch):
+            ranges.begin("ahead")  # queued behind the accept, before any wait for it
+            next_state.ahead = self._draft_ahead(batch, rids, context, lengths, drafts, result, new_seq_lens)
+            phase_left = True
         if not self.overlap:
             ranges.begin("settle")
             self._settle()  # the synchronous schedule waits for this step's results anyway
+            phase_left = True
+        if phase_left:
             ranges.begin("accept")  # building the result
-        # Draft KV is valid up to the committed length it was fed (FaserDraftState).
-        next_state = FaserDraftState(drafts.draft_kv_lens, last)
         return self._result(batch, result, accept_lens, logits, new_seq_lens, next_state)
+
+    def _drafted_ahead(
+        self, ahead: AheadDrafts, layout: RaggedLayout, seq_lens: list[int], draft_kv_lens: list[int]
+    ) -> DraftOutput:
+        tokens, kv_bound = self.ahead.drafts_for(ahead, layout.draft_lens, seq_lens, draft_kv_lens)
+        return DraftOutput(tokens, None, kv_bound, 0, steps="ahead")
+
+    def _draft_ahead(
+        self,
+        batch: ScheduleBatch,
+        rids: list[str],
+        context: StepContext,
+        lengths: list[int],
+        drafts: DraftOutput,
+        result: AcceptResult,
+        new_seq_lens: torch.Tensor,  # [bs]
+    ) -> Optional[AheadDrafts]:
+        """Choose the next step's lengths and queue its chain behind this step's accept
+        (draft_ahead.py); None where the next step drafts for itself."""
+        upper = [n + k + 1 for n, k in zip(context.seq_lens, lengths)]  # every draft accepted
+        predicted = predicted_context(context, lengths, drafts.draft_kv_lens, remaining_tokens(batch.reqs, upper))
+        chosen = cap_to_remaining(self.policy.choose(rids, self.k_max, predicted), predicted.remaining_tokens)
+        next_lengths = self.agreement.lengths(fit_token_budget(chosen, predicted.max_verify_tokens))
+        ahead = self.ahead.launch(
+            batch, context.seq_lens, lengths, drafts.draft_kv_lens, next_lengths, result.accept_lens, new_seq_lens
+        )
+        if ahead is not None:
+            self.agreement.tokens(ahead.tokens)
+        return ahead
 
     def _plain_step(
         self,

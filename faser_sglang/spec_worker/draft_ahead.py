@@ -1,0 +1,184 @@
+"""Drafting ahead: the next step's draft chain, queued right behind this step's acceptance.
+
+A drafting step's host work before the target's launch (the policy, the chain's plan
+and graph launch, the verify's preparation: ~10 ms on an H200 with the 13.5B pair)
+leaves the GPU idle, because the step's lengths only exist once the previous step's
+acceptance has reached the host. With ``draft_ahead`` the chain of step N + 1 is
+queued at the end of step N, on the device, behind the accept kernels; the host does it
+while the GPU still runs step N's verify. Step N + 1 then only verifies: its host work
+before the target's launch is the verify's preparation.
+
+What the host does not know at that point, and how the chain does without it:
+- the lengths k' of step N + 1: the policy chooses them at the end of step N, for the
+  same requests, from committed lengths bounded by L + k + 1 (all drafts accepted;
+  ``predicted_context``). Its acceptance windows then lack step N's verdicts: one step
+  staler than a step that chooses at its own start.
+- each row's start and forced tokens: row i committed L'_i = L_i + a_i + 1 tokens, and
+  its draft KV is valid up to min(b_i, L'_i) with b_i = L_i + e_i the step's draft KV
+  bound, so it lags g_i = max(0, a_i + 1 - e_i) committed tokens, g_i <= k_i + 1 - e_i.
+  The device computes g_i and s_i = L'_i - g_i from the accept lengths; the host only
+  needs the bound G = max g_i <= MAX_FORCED_GAP for the chain's M = G + max k' forwards.
+- attention over lengths the host lacks: a multi-step backend that plans with kernels
+  (Triton's; on the CPU the device's lengths are the host's). FlashInfer's is planned
+  from host lengths, so ``draft_ahead`` needs ``--speculative-draft-attention-backend
+  triton`` on a GPU (validation.py).
+
+Where step N + 1 differs from what step N drafted for, the drafts still hold: a request
+that finished is filtered out with its drafts (FaserDraftState), one that joined has
+none and verifies one token (k = 0), and the step may only shorten the lengths
+(max_new_tokens, the verify's token budget). A step that cannot use them (a request
+joined that samples, or returns logprobs) drafts as usual: the KV the chain wrote is
+valid where it holds committed tokens and is rewritten before it is read elsewhere.
+
+KV: the chain writes draft KV up to position L'_i - g_i + M - 1 <= L_i + 2 K_max +
+MAX_FORCED_GAP, past the 2 (K_max + 1) tokens SGLang reserves beyond a committed length
+that lags L_i by up to K_max + 1 under the overlap schedule. ``reserve_per_decode``
+(kv_reserve.py, a HookRegistry hook) raises the reservation to ``ahead_reserve(K_max)``
+for a FASER server that drafts ahead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from faser_sglang.kv_reserve import MAX_FORCED_GAP
+from faser_sglang.spec_worker.batch_views import request_pool_rows
+from faser_sglang.spec_worker.draft_chain import DraftChains
+from faser_sglang.spec_worker.policy import StepContext
+from faser_sglang.spec_worker.sampling import biased_requests, greedy_requests
+from faser_sglang.spec_worker.token_history import TokenHistory
+from faser_sglang.tensors import device_tensor
+
+
+@dataclass
+class AheadDrafts:
+    """A step's drafts, drafted at the end of the step before (rows of the batch)."""
+
+    tokens: torch.Tensor  # [bs, K_max] int64, zero past each row's length
+    lengths: list[int]  # [bs] k' the policy chose (0: not drafted ahead)
+    fed: list[int]  # [bs] e: the chain left the row's draft KV valid up to L' + e (0: not fed)
+
+    def filter(self, keep: torch.Tensor, keep_cpu: Sequence[int]) -> None:
+        self.tokens = self.tokens[keep]
+        self.lengths = [self.lengths[i] for i in keep_cpu]
+        self.fed = [self.fed[i] for i in keep_cpu]
+
+    @classmethod
+    def merged(
+        cls, a: Optional["AheadDrafts"], a_rows: int, b: Optional["AheadDrafts"], b_rows: int
+    ) -> Optional["AheadDrafts"]:
+        """The drafts of batch a followed by batch b; rows of a batch without any have none."""
+        if a is None and b is None:
+            return None
+        like = a if a is not None else b
+        a = a or cls.none(a_rows, like.tokens)
+        b = b or cls.none(b_rows, like.tokens)
+        return cls(torch.cat([a.tokens, b.tokens]), a.lengths + b.lengths, a.fed + b.fed)
+
+    @classmethod
+    def none(cls, rows: int, like: torch.Tensor) -> "AheadDrafts":
+        return cls(like.new_zeros((rows, like.shape[1])), [0] * rows, [0] * rows)
+
+
+def plain_batch(batch) -> bool:
+    """Greedy, unbiased requests that want no logprobs: what a greedy chain drafts for."""
+    reqs = batch.reqs
+    return not batch.return_logprob and all(greedy_requests(reqs)) and not any(biased_requests(reqs))
+
+
+def predicted_context(
+    context: StepContext,
+    lengths: Sequence[int],  # [bs] this step's k
+    kv_bound: Sequence[int],  # [bs] draft KV bound after this step's draft phase
+    remaining: Sequence[Optional[int]],  # [bs] for the predicted lengths (worker.remaining_tokens)
+) -> StepContext:
+    """The next step's context as far as this step knows it: every draft accepted, so
+    committed lengths are upper bounds and remaining tokens lower bounds (the caps they
+    give are never looser than the next step's own)."""
+    seq_lens = tuple(n + k + 1 for n, k in zip(context.seq_lens, lengths))
+    return StepContext(
+        seq_lens,
+        tuple(min(b, n) for b, n in zip(kv_bound, seq_lens)),
+        context.max_verify_tokens,
+        context.catchup_piece_tokens,
+        tuple(remaining),
+        context.chained,
+    )
+
+
+def forced_gap_bounds(lengths: Sequence[int], seq_lens: Sequence[int], kv_bound: Sequence[int]) -> list[int]:
+    """[bs] the most committed tokens each row's draft KV can lag after this step:
+    g_i = max(0, a_i + 1 - e_i) with e_i = b_i - L_i and a_i <= k_i accepted drafts.
+
+    k [3, 1, 0], L [10, 10, 10], b [13, 13, 10] -> [1, 0, 1]"""
+    return [max(0, k + 1 - (b - n)) for k, n, b in zip(lengths, seq_lens, kv_bound)]
+
+
+class DraftAhead:
+    """Launches the next step's chain (``launch``) and hands its drafts to the step
+    (``drafts_for``)."""
+
+    def __init__(self, chains: DraftChains, history: TokenHistory, k_max: int):
+        self.chains = chains
+        self.history = history
+        self.k_max = k_max
+        self.launched = 0  # chains launched ahead
+        self.used = 0  # steps that verified drafts drafted ahead
+
+    def launch(
+        self,
+        batch,
+        seq_lens: Sequence[int],  # [bs] this step's committed lengths
+        lengths: Sequence[int],  # [bs] this step's k
+        kv_bound: Sequence[int],  # [bs] draft KV bound after this step's draft phase
+        next_lengths: Sequence[int],  # [bs] k' the policy chose for the next step
+        accept_lens: torch.Tensor,  # [bs] this step's accepted drafts + 1, on the device
+        new_seq_lens: torch.Tensor,  # [bs] L' on the device
+    ) -> Optional[AheadDrafts]:
+        """Queue the next step's chain; None where it cannot run ahead (no row drafts,
+        a row lags more than MAX_FORCED_GAP, or the chain would plan from host lengths)."""
+        rows = [i for i, k in enumerate(next_lengths) if k > 0]
+        if not rows or not self.chains.plans_on_device(len(rows)):
+            return None
+        gaps_bound = forced_gap_bounds(lengths, seq_lens, kv_bound)
+        widest = max(gaps_bound[i] for i in rows)
+        if widest > MAX_FORCED_GAP:  # its catch-up runs in the next step itself
+            return None
+        m = max(next_lengths[i] for i in rows)
+        n, device = len(rows), new_seq_lens.device
+        pool = request_pool_rows(batch)
+        packed = device_tensor(
+            [*rows, *(pool[i] for i in rows), *(kv_bound[i] - seq_lens[i] for i in rows),
+             *(next_lengths[i] for i in rows)],
+            device,
+        ).view(4, n)  # fmt: skip
+        rows_t, pool_t, extent_t, lens_t = packed
+        gaps = (accept_lens[rows_t].to(torch.int64) - extent_t).clamp(min=0)  # [n]
+        starts = new_seq_lens[rows_t].to(torch.int64) - gaps  # [n]
+        cols = torch.arange(widest + 1, device=device)
+        positions = starts.unsqueeze(1) + torch.minimum(cols.unsqueeze(0), gaps.unsqueeze(1))  # [n, G + 1]
+        forced = self.history.ids[pool_t.unsqueeze(1), positions].to(torch.int64)
+        chain = self.chains.run_ahead(pool_t, starts, gaps, forced, widest + m, m)  # [n, m]
+        tokens = torch.zeros((len(next_lengths), self.k_max), dtype=torch.int64, device=device)
+        past = torch.arange(m, device=device).unsqueeze(0) >= lens_t.unsqueeze(1)  # [n, m]
+        tokens[rows_t, :m] = chain.masked_fill(past, 0)
+        self.launched += 1
+        return AheadDrafts(tokens, list(next_lengths), [m if k > 0 else 0 for k in next_lengths])
+
+    def drafts_for(
+        self,
+        ahead: AheadDrafts,
+        draft_lens: torch.Tensor,  # [bs] the step's final k (never above ahead.lengths)
+        seq_lens: Sequence[int],  # [bs] the step's committed lengths
+        draft_kv_lens: Sequence[int],  # [bs] valid draft KV before the chain ran ahead
+    ) -> tuple[torch.Tensor, list[int]]:
+        """The step's [bs, K_max] drafts, zero past its final lengths, and its draft KV
+        bound: L + e where the chain fed the row."""
+        self.used += 1
+        cols = torch.arange(self.k_max, device=draft_lens.device).unsqueeze(0)
+        tokens = ahead.tokens.masked_fill(cols >= draft_lens.unsqueeze(1), 0)
+        bound = [n + e if e > 0 else d for n, e, d in zip(seq_lens, ahead.fed, draft_kv_lens)]
+        return tokens, bound
