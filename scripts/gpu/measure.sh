@@ -55,6 +55,11 @@
 # (default "1 4 8"; scripts/profile_step.py: steps/steps.md); STEP_TEMPERATURE=0.8 profiles
 # sampled requests (a sampled chain; "faser-k3@sampled_chain=false" drafts them one forward
 # at a time).
+# PROFILE_DRAFT_BACKEND=triton profiles the costs with the draft on Triton (the cost file's key
+# then names it), for contenders that serve it so, e.g. CONTENDERS="no-spec
+# faser-ad+speculative-draft-attention-backend=triton
+# faser-ad@draft_ahead=true+speculative-draft-attention-backend=triton standalone-k3"
+# (drafting ahead needs a draft that plans on the device: faser_sglang/spec_worker/draft_ahead.py).
 # PAIR_PRESET picks the cost-faithful pair (faser_sglang/kit/presets.py: cost-faithful, the
 # default, 7.18B / 0.42B; cost-faithful-14b, 13.5B / 0.42B); the same value on every call.
 #
@@ -175,7 +180,8 @@ case ${1:?call: 1|2|3|4} in
       # tells a batch's size from its context length.
       else CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_costs.py --target $MODELS/target --draft $MODELS/draft \
         --out $RES/costs.json --k-max 7 --batch-sizes 1,4,16,64,128 --long-batch-sizes 4,16 \
-        --max-new-tokens 48 --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -20; fi
+        --max-new-tokens 48 --server-args '$BIG_FLAGS' ${PROFILE_DRAFT_BACKEND:+--draft-attention-backend $PROFILE_DRAFT_BACKEND} \
+        2>&1 | grep -v '^\[20' | tail -20; fi
       while [[ -f $RES/gpu1.started && ! -f $RES/gpu1.done ]]; do sleep 2; done  # GPU 1 free before timing
       if [[ -n '${STEP_PROFILE:-}' ]]; then  # where a decode step's time goes, per phase (steps/steps.md)
         CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_step.py --target $MODELS/target --draft $MODELS/draft \

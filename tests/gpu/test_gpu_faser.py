@@ -66,9 +66,15 @@ VARIANTS = {
     "flashinfer-bf16-graphs-lazy": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
     # The draft (its catch-ups and chains) on Triton, the target on FlashInfer.
     "flashinfer-bf16-graphs-draft-triton": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
+    # The same, each step's chain queued at the end of the step before (draft_ahead.py).
+    "flashinfer-bf16-graphs-draft-triton-ahead": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
 }  # fmt: skip
-CONFIGS = {"flashinfer-bf16-graphs-lazy": {"draft_prefill": "lazy"}}  # FASER config per variant
-FASER_FLAGS = {"flashinfer-bf16-graphs-draft-triton": ("--speculative-draft-attention-backend", "triton")}
+CONFIGS = {  # FASER config per variant
+    "flashinfer-bf16-graphs-lazy": {"draft_prefill": "lazy"},
+    "flashinfer-bf16-graphs-draft-triton-ahead": {"draft_ahead": True},
+}
+TRITON_DRAFT = ("--speculative-draft-attention-backend", "triton")
+FASER_FLAGS = {"flashinfer-bf16-graphs-draft-triton": TRITON_DRAFT, "flashinfer-bf16-graphs-draft-triton-ahead": TRITON_DRAFT}
 PROMPTS = [
     "def foo(x):",
     "import os\n",
@@ -212,6 +218,8 @@ def test_greedy_equals_no_spec(variant, gpu_models, logit_ulp, tmp_path):
     assert forwards[expected] > 0
     if CONFIGS.get(variant, {}).get("draft_prefill") == "lazy":
         assert steps[0]["draft_kv_lens"] == [0] * len(steps[0]["draft_kv_lens"])  # no draft prefill ran
+    if CONFIGS.get(variant, {}).get("draft_ahead"):
+        assert any(s.get("draft_steps") == "ahead" for s in steps)
 
 
 _REFERENCES: dict[str, list[dict]] = {}
@@ -261,6 +269,7 @@ def test_tp2_greedy_equals_no_spec(policy, gpu_models, logit_ulp, tmp_path):
         ("flashinfer-bf16-graphs", "random", 8),
         ("triton-bf16-graphs", "random", None),
         ("flashinfer-bf16-graphs-draft-triton", "random", None),
+        ("flashinfer-bf16-graphs-draft-triton-ahead", "random", None),
     ],
 )
 def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_models, tmp_path):
@@ -272,9 +281,11 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
     itself when no row lags more than MAX_FORCED_GAP tokens. With
     decode graphs of at most 8 rows a catch-up of 9-64 tokens replays them in pieces,
     and chains over more than 8 rows run eagerly. The FlashInfer servers with random
-    lengths then serve sampling requests too (``_check_sampled_chains``)."""
+    lengths then serve sampling requests too (``_check_sampled_chains``). Drafting ahead,
+    chains replay behind the accept from the device's lengths alone."""
     trace = tmp_path / "trace.jsonl"
-    env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7)
+    config = CONFIGS.get(variant, {})
+    env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7, **config)
     args = (
         *BASE_FLAGS, *VARIANTS[variant],
         "--speculative-algorithm", "FASER",
@@ -316,6 +327,8 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
              "chains_fed_the_catchup": fed})  # fmt: skip
     assert drafted > 0 and accepted == drafted
     assert how["graph"] > 0 and how["loop"] == 0 and fed > 0
+    if config.get("draft_ahead"):
+        assert how["ahead"] > 0
     if graph_bs is not None:
         assert how["chain"] > 0, "no chain ran past the captured batch sizes"
     if policy == "random":
