@@ -21,6 +21,10 @@ each step's new committed lengths for the scheduler (``on_publish``), derives th
 draft's valid KV fill from those lengths (state.py), and feeds a drafting step's
 acceptance to the policy when the next step starts: lengths are chosen with the
 acceptance of every step but the one still in flight.
+
+Drafting ahead (``draft_ahead``, draft_ahead.py): after its accept a step chooses the
+next step's lengths and queues that step's draft chain on the device; the next step
+then takes those lengths and drafts (``state.ahead``) and goes straight to its verify.
 """
 
 from __future__ import annotations
@@ -235,7 +239,7 @@ class FaserWorker(BaseSpecWorker):
         ranges.begin("draft")
         if ahead is not None:
             with annotate("draft.ahead"):
-                drafts = self._drafted_ahead(ahead, layout, seq_lens, draft_kv_lens)
+                drafts = self._drafts_from_ahead(ahead, layout, seq_lens, draft_kv_lens)
         else:
             drafts = self.draft_phase.run(batch, layout, draft_kv_lens, sampling, self.generator, self.history)
         self.agreement.tokens(drafts.tokens)
@@ -275,7 +279,7 @@ class FaserWorker(BaseSpecWorker):
             ranges.begin("accept")  # building the result
         return self._result(batch, result, accept_lens, logits, new_seq_lens, next_state)
 
-    def _drafted_ahead(
+    def _drafts_from_ahead(
         self, ahead: AheadDrafts, layout: RaggedLayout, seq_lens: list[int], draft_kv_lens: list[int]
     ) -> DraftOutput:
         tokens, kv_bound = self.ahead.drafts_for(ahead, layout.draft_lens, seq_lens, draft_kv_lens)
