@@ -38,6 +38,22 @@ H200_14B = profiled_costs(extend=2.36e-3, decode=1.35e-3, catchup_token=26e-6, v
                           verify_token=34e-6, plain=9.9e-3, plain_row=29e-6)  # fmt: skip
 
 
+# Mixed lengths: a few tokens up to a few hundred, so verify chunks sit on prefixes
+# of very different sizes in one batch.
+PROMPTS = [
+    "def foo(x):",
+    "import os\n",
+    "hello",
+    "class A:\n    def __init__(self, value):\n        self.value = value\n",
+    "x = [1, 2, 3]\nfor i in x:\n    print(i)\n" * 6,
+    "print(",
+    "while True:\n    ",
+    "# A long comment about argument parsing and help text\n" * 12,
+    "return",
+    "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n",
+]
+
+
 @dataclass(frozen=True)
 class TinyModels:
     target: Path  # random tiny Llama

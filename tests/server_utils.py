@@ -8,6 +8,7 @@ the flags that make SGLang 0.5.17 serve float32 models on CPU through the
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -78,3 +79,35 @@ def generate(
         return []
     with ThreadPoolExecutor(max_workers=len(prompts_or_input_ids)) as pool:
         return list(pool.map(one, prompts_or_input_ids))
+
+
+def used_kv_tokens(base_url: str) -> int:
+    """KV slots a server holds for requests (its radix cache flushed first)."""
+    requests.post(base_url + "/flush_cache", timeout=60)
+    loads = requests.get(base_url + "/v1/loads", timeout=60).json()
+    return sum(r["num_used_tokens"] for r in loads["loads"])
+
+
+def abort_streams_and_wait_for_free_kv(base_url: str, text: str, streams: int = 3, timeout: float = 60.0) -> None:
+    """Start ``streams`` long greedy streaming requests, close each connection after a
+    few chunks (SGLang aborts the request mid-generation), then wait until the server
+    holds no KV slot; AssertionError if some are still held after ``timeout`` s."""
+
+    def stream_then_disconnect() -> None:
+        payload = {
+            "text": text,
+            "sampling_params": {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True},
+            "stream": True,
+        }
+        with requests.post(base_url + "/generate", json=payload, stream=True, timeout=120) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i >= 5:
+                    break  # closing the connection aborts the request mid-generation
+
+    with ThreadPoolExecutor(max_workers=streams) as pool:
+        for future in [pool.submit(stream_then_disconnect) for _ in range(streams)]:
+            future.result()
+    deadline = time.monotonic() + timeout
+    while (used := used_kv_tokens(base_url)) != 0:
+        assert time.monotonic() < deadline, f"{used} KV slots still held after abort"
+        time.sleep(0.5)

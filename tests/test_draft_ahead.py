@@ -15,10 +15,9 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
-import requests
 import torch
 
-from conftest import H200_14B, catchup_gaps, read_trace, write_faser_config
+from conftest import H200_14B, PROMPTS, catchup_gaps, read_trace, write_faser_config
 from faser_sglang import kv_reserve
 from faser_sglang.spec_worker.adaptive.cost_model import CostKey, write_cost_entry
 from faser_sglang.config import FaserConfig
@@ -27,19 +26,9 @@ from faser_sglang.spec_worker.policy import StepContext
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.validation import validate_server_args
 from fuzz_utils import faser_flags
-from server_utils import generate, launch_server
+from server_utils import abort_streams_and_wait_for_free_kv, generate, launch_server
 
 K_MAX = 4
-PROMPTS = [
-    "def foo(x):",
-    "import os\n",
-    "hello",
-    "class A:\n    def __init__(self, value):\n        self.value = value\n",
-    "x = [1, 2, 3]\nfor i in x:\n    print(i)\n" * 6,
-    "print(",
-    "# A long comment about argument parsing and help text\n" * 12,
-    "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n",
-]
 GREEDY = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
 
 
@@ -288,32 +277,7 @@ def test_sampling_requests_joining_a_batch_that_drafts_ahead(ahead_server, ahead
     assert any(s.get("draft_steps") == "ahead" for s in read_trace(ahead_trace))
 
 
-def _used_tokens(base_url: str) -> int:
-    requests.post(base_url + "/flush_cache", timeout=60)
-    loads = requests.get(base_url + "/v1/loads", timeout=60).json()
-    return sum(r["num_used_tokens"] for r in loads["loads"])
-
-
 @pytest.mark.server
 def test_abort_while_drafting_ahead_frees_kv(ahead_server, reference):
-    def stream_then_disconnect():
-        payload = {
-            "text": PROMPTS[3],
-            "sampling_params": {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True},
-            "stream": True,
-        }
-        with requests.post(ahead_server.base_url + "/generate", json=payload, stream=True, timeout=120) as r:
-            for i, _ in enumerate(r.iter_lines()):
-                if i >= 5:
-                    break  # closing the connection aborts the request mid-generation
-
-    threads = [threading.Thread(target=stream_then_disconnect) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    deadline = time.monotonic() + 60
-    while (used := _used_tokens(ahead_server.base_url)) != 0:
-        assert time.monotonic() < deadline, f"{used} KV slots still held after abort"
-        time.sleep(0.5)
+    abort_streams_and_wait_for_free_kv(ahead_server.base_url, PROMPTS[3])
     assert ids(generate(ahead_server.base_url, PROMPTS, GREEDY)) == reference

@@ -17,29 +17,15 @@ import requests
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
 
-from conftest import catchup_gaps, load_script, read_trace, sampled_mix_with_bias, write_faser_config
+from conftest import PROMPTS, catchup_gaps, load_script, read_trace, sampled_mix_with_bias, write_faser_config
 from faser_sglang.sched_timeline import TIMELINE_ENV
 from fuzz_utils import faser_flags
-from server_utils import generate, launch_server
+from server_utils import abort_streams_and_wait_for_free_kv, generate, launch_server, used_kv_tokens
 
 pytestmark = pytest.mark.server
 
 K_MAX = 4
 
-# Mixed lengths: a few tokens up to a few hundred, so verify chunks sit on prefixes
-# of very different sizes in one batch.
-PROMPTS = [
-    "def foo(x):",
-    "import os\n",
-    "hello",
-    "class A:\n    def __init__(self, value):\n        self.value = value\n",
-    "x = [1, 2, 3]\nfor i in x:\n    print(i)\n" * 6,
-    "print(",
-    "while True:\n    ",
-    "# A long comment about argument parsing and help text\n" * 12,
-    "return",
-    "from dataclasses import dataclass\n\n@dataclass\nclass Point:\n",
-]
 GREEDY = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
 
 
@@ -414,38 +400,12 @@ def test_malformed_requests_get_4xx_and_server_keeps_serving(faser):
     assert len(generate(faser.base_url, ["ok"], GREEDY)[0]["output_ids"]) == 32
 
 
-def _used_tokens(base_url: str) -> int:
-    requests.post(base_url + "/flush_cache", timeout=60)
-    loads = requests.get(base_url + "/v1/loads", timeout=60).json()
-    return sum(r["num_used_tokens"] for r in loads["loads"])
-
-
 def test_abort_frees_kv(faser):
     deadline = time.monotonic() + 60
-    while _used_tokens(faser.base_url) != 0:
+    while used_kv_tokens(faser.base_url) != 0:
         assert time.monotonic() < deadline, "KV not free before the test"
         time.sleep(0.5)
-
-    def stream_then_disconnect():
-        payload = {
-            "text": PROMPTS[3],
-            "sampling_params": {"max_new_tokens": 1500, "temperature": 0, "ignore_eos": True},
-            "stream": True,
-        }
-        with requests.post(faser.base_url + "/generate", json=payload, stream=True, timeout=120) as r:
-            for i, _ in enumerate(r.iter_lines()):
-                if i >= 5:
-                    break  # closing the connection aborts the request mid-generation
-
-    threads = [threading.Thread(target=stream_then_disconnect) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    deadline = time.monotonic() + 60
-    while (used := _used_tokens(faser.base_url)) != 0:
-        assert time.monotonic() < deadline, f"{used} KV slots still held after abort"
-        time.sleep(0.5)
+    abort_streams_and_wait_for_free_kv(faser.base_url, PROMPTS[3])
     assert len(generate(faser.base_url, ["after abort"], GREEDY)[0]["output_ids"]) == 32
 
 
