@@ -126,6 +126,25 @@ def test_step_kinds_and_the_synchronous_loops_second_settle():
     assert one.phases["draft.first"]["host_ms"] == pytest.approx(0.01)
 
 
+def test_a_step_drafted_ahead_and_its_ahead_phase():
+    """A step the step before drafted takes its drafts (``draft.ahead``) and, after its
+    accept, queues the next step's chain (``ahead``), then builds its result (``accept``)."""
+    events = [
+        x("user_annotation", "faser.decode bs=3", 0, 100),
+        x("user_annotation", "faser.policy", 0, 10),
+        x("user_annotation", "faser.draft", 10, 14),
+        x("user_annotation", "faser.draft.ahead", 10, 13),
+        x("user_annotation", "faser.verify", 14, 60),
+        x("user_annotation", "faser.accept", 60, 70),
+        x("user_annotation", "faser.ahead", 70, 95),
+        x("user_annotation", "faser.accept", 95, 100),
+    ]
+    (step,) = step_profile.steps(step_profile.parse(events))
+    assert step.kind == "drafting/ahead"
+    assert step.phases["ahead"]["host_ms"] == pytest.approx(0.025)
+    assert step.phases["accept"]["host_ms"] == pytest.approx(0.015)  # both accept ranges
+
+
 def test_unprofiled_period_reads_the_second_whole_interval_at_the_batch_size(tmp_path):
     """SGLang's decode log lines after the call: the first one at the batch size may
     have begun before the batch was steady; the second one gives the period, from its

@@ -38,7 +38,9 @@ and when the step's last device work ends (``device_end``). A CUDA graph's kerne
 start only once its launch call returns, so a step whose host reaches the target's
 launch late leaves the device idle however short its own phases look.
 Steps are grouped by kind (``prefill``, ``plain``, ``drafting/chain`` (one chain fed
-the catch-up), ``drafting/catchup+chain``, ``drafting/loop``, ``drafting/one`` when no request drafted past its first token, and
+the catch-up), ``drafting/catchup+chain``, ``drafting/loop``, ``drafting/one`` when no
+request drafted past its first token, ``drafting/ahead`` when the step before drafted
+it (its own ``ahead`` phase then queues the next step's chain), and
 ``verify/no-drafts`` for a step that took the verify path without drafts: logprobs
 were asked for) and batch size; every figure is the median over a group's steps. Each
 thread's last step is left out: the profiler stops while its device work may still run.
