@@ -15,7 +15,7 @@ What the host does not know at that point, and how the chain does without it:
   staler than a step that chooses at its own start.
 - each row's start and forced tokens: row i committed L'_i = L_i + a_i + 1 tokens, and
   its draft KV is valid up to min(b_i, L'_i) with b_i = L_i + e_i the step's draft KV
-  bound, so it lags g_i = max(0, a_i + 1 - e_i) committed tokens, g_i <= k_i + 1 - e_i.
+  bound, so it lags g_i = max(0, a_i + 1 - e_i) committed tokens, at most max(0, k_i + 1 - e_i).
   The device computes g_i and s_i = L'_i - g_i from the accept lengths; the host only
   needs the bound G = max g_i <= MAX_FORCED_GAP for the chain's M = G + max k' forwards.
 - attention over lengths the host lacks: a multi-step backend that plans with kernels
@@ -29,6 +29,9 @@ none and verifies one token (k = 0), and the step may only shorten the lengths
 (max_new_tokens, the verify's token budget). A step that cannot use them (a request
 joined that samples, or returns logprobs) drafts as usual: the KV the chain wrote is
 valid where it holds committed tokens and is rewritten before it is read elsewhere.
+The chain may also write for a request that has just finished (its stop token was in
+step N) and whose KV SGLang frees while the chain is still queued: it writes draft KV
+only, and a later owner of those slots writes theirs in a forward queued behind it.
 
 KV: the chain writes draft KV up to position L'_i - g_i + M - 1 <= L_i + 2 K_max +
 MAX_FORCED_GAP, past the 2 (K_max + 1) tokens SGLang reserves beyond a committed length
