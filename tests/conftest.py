@@ -6,6 +6,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from faser_sglang.kit.tiny import build_identity_transition_model, build_tiny_llama
 from faser_sglang.spec_worker.adaptive import CostModel, DraftCost, PlainCost, VerifyCost
-from server_utils import CPU_SERVER_ENV
+from server_utils import CPU_SERVER_ENV, generate
 
 
 def profiled_costs(
@@ -138,3 +139,50 @@ def sampled_mix_with_bias(greedy_outputs: list[list[int]]) -> tuple[dict, ...]:
     top = [t for t, _ in Counter(t for out in greedy_outputs for t in out).most_common(3)]
     bias = {str(top[0]): -100.0, str(top[1]): -100.0, str(top[2]): 3.0}
     return (*SAMPLED_MIX, {"temperature": 0, "logit_bias": bias}, {"temperature": 0.9, "logit_bias": bias})
+
+
+def assert_tokens_follow_target(
+    tiny_models: TinyModels, base_url: str, positions: tuple[int, ...], max_new_tokens: Optional[int] = None
+) -> None:
+    """Chi-square on each generated token at ``positions`` (0: the prefill's) against
+    its exact marginal under the target, summed over every prefix of top-4 tokens
+    (transformers). Requests generate ``max_new_tokens`` (default: through the last
+    position); a length policy drafts less near a request's end."""
+    from scipy.stats import chisquare
+
+    prompt = "def foo(x):"
+    new_tokens = max_new_tokens or max(positions) + 1
+    params = {"max_new_tokens": new_tokens, "temperature": 0.9, "top_k": 4, "ignore_eos": True}
+    tok = AutoTokenizer.from_pretrained(tiny_models.target)
+    model = LlamaForCausalLM.from_pretrained(tiny_models.target, dtype=torch.float32)
+    prompt_ids = tok(prompt)["input_ids"]
+
+    def dist(ids_: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(torch.tensor([ids_])).logits[0, -1] / params["temperature"]
+        top = torch.topk(logits, params["top_k"])
+        p = torch.zeros_like(logits)
+        p[top.indices] = torch.softmax(top.values, dim=-1)
+        return p
+
+    # marginals[j]: the distribution of generated token j; prefixes: (tokens, probability).
+    marginals: list[torch.Tensor] = []
+    prefixes = [([], 1.0)]
+    for _ in range(max(positions) + 1):
+        step = [(ids_, weight, dist(prompt_ids + ids_)) for ids_, weight in prefixes]
+        marginals.append(sum(weight * p for _, weight, p in step))
+        prefixes = [(ids_ + [t], weight * float(p[t])) for ids_, weight, p in step for t in torch.nonzero(p).flatten().tolist()]
+
+    outputs = []
+    for _ in range(8):
+        outputs += [o["output_ids"] for o in generate(base_url, [prompt_ids] * 50, params)]
+    for j in positions:
+        samples = [ids_[j] for ids_ in outputs]
+        expected = marginals[j]
+        support = torch.nonzero(expected > 0).flatten().tolist()
+        assert set(samples) <= set(support), f"token {j} outside the target's support"
+        counts = Counter(samples)
+        observed = [counts.get(t, 0) for t in support]
+        probs = expected[support].double()
+        exp = (probs / probs.sum() * len(samples)).tolist()
+        assert chisquare(observed, exp).pvalue > 1e-3, f"token {j}"

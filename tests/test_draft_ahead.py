@@ -17,7 +17,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import H200_14B, PROMPTS, catchup_gaps, read_trace, write_faser_config
+from conftest import (
+    H200_14B,
+    PROMPTS,
+    assert_tokens_follow_target,
+    catchup_gaps,
+    read_trace,
+    sampled_mix_with_bias,
+    write_faser_config,
+)
 from faser_sglang import kv_reserve
 from faser_sglang.spec_worker.adaptive.cost_model import CostKey, write_cost_entry
 from faser_sglang.config import FaserConfig
@@ -59,8 +67,8 @@ def test_predicted_context_bounds_the_next_step():
     assert (nxt.max_verify_tokens, nxt.catchup_piece_tokens, nxt.chained) == (64, 8, True)
 
 
-def _ahead(rows: list[list[int]], lengths: list[int], fed: list[int]) -> AheadDrafts:
-    return AheadDrafts(torch.tensor(rows, dtype=torch.int64), lengths, fed)
+def _ahead(rows: list[list[int]], lengths: list[int], fed: list[int], probs=None) -> AheadDrafts:
+    return AheadDrafts(torch.tensor(rows, dtype=torch.int64), probs, lengths, fed)
 
 
 def test_ahead_drafts_follow_their_rows_through_filter_and_merge():
@@ -88,6 +96,20 @@ def test_merging_onto_a_batch_without_drafts_ahead():
     plain = FaserDraftState([1])
     plain.merge_batch(FaserDraftState([2]))
     assert plain.ahead is None
+
+
+def test_the_q_of_sampled_drafts_follows_its_rows():
+    q = torch.rand(2, 2, 5)  # [bs, K, V]
+    state = FaserDraftState([3, 4])
+    state.ahead = _ahead([[1, 2], [3, 0]], [2, 1], [2, 2], probs=q)
+    state.filter_batch(torch.tensor([1]), [1])
+    assert torch.equal(state.ahead.probs, q[1:])
+    state.merge_batch(FaserDraftState([7]))  # a row without drafts: zero q
+    assert torch.equal(state.ahead.probs, torch.cat([q[1:], torch.zeros(1, 2, 5)]))
+    greedy = FaserDraftState([9])
+    greedy.ahead = _ahead([[5, 5]], [2], [2])
+    greedy.merge_batch(state)
+    assert torch.equal(greedy.ahead.probs, torch.cat([torch.zeros(1, 2, 5), q[1:], torch.zeros(1, 2, 5)]))
 
 
 def _server_args(algorithm="FASER", k=3, **extra):
@@ -216,6 +238,50 @@ def test_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path, pol
 
 
 @pytest.mark.server
+def test_sampled_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path):
+    """The tiny target as its own draft, sampling, greedy and logit-biased requests in
+    one batch: a sampled draft passes with probability min(1, p(d) / q(d)), 1 only if
+    the chain drafted ahead kept the target's own transform of the biased logits at
+    the right positions as q, and carried it to the next step's rejection sampling."""
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy="fixed", trace_path=str(trace), seed=11, draft_ahead=True)
+    with launch_faser(tiny_models.target, tiny_models.target, env) as server:
+        mix = sampled_mix_with_bias(ids(generate(server.base_url, PROMPTS, {**GREEDY, "max_new_tokens": 16})))
+        params = [{**mix[i % len(mix)], "max_new_tokens": 40, "ignore_eos": True} for i in range(len(PROMPTS))]
+        outs: dict[int, dict] = {}
+
+        def run(i: int) -> None:
+            outs[i] = generate(server.base_url, [PROMPTS[i]], params[i])[0]
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(params))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert all(len(o["output_ids"]) == 40 for o in outs.values())
+    steps = read_trace(trace)
+    assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
+    assert Counter(s.get("draft_steps") for s in steps)["ahead"] > 0
+
+
+@pytest.mark.server
+def test_sampled_tokens_drafted_ahead_follow_target_distribution(tiny_models, tmp_path):
+    """Sampled requests of 12 tokens at K_max 4: a request's first verify step drafts
+    for itself, the next ones verify drafts a chain drafted ahead, so the tokens at
+    positions 5 and 6 (and mostly 3) were drafted ahead, accepted or replaced by
+    rejection sampling against the q the chain kept: each follows the target's marginal."""
+    trace = tmp_path / "trace.jsonl"
+    env = write_faser_config(tmp_path / "faser.json", policy="fixed", trace_path=str(trace), seed=5, draft_ahead=True)
+    with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
+        assert_tokens_follow_target(tiny_models, server.base_url, positions=(3, 5, 6), max_new_tokens=12)
+    steps = read_trace(trace)
+    ahead = [s for s in steps if s.get("draft_steps") == "ahead"]
+    assert sum(sum(s["draft_lens"]) for s in ahead) >= 8 * 50, "few drafts were drafted ahead"
+    accepted = sum(sum(s["num_accepted"]) for s in ahead)
+    assert 0 < accepted < sum(sum(s["draft_lens"]) for s in ahead), "the draft should be neither exact nor useless"
+
+
+@pytest.mark.server
 @pytest.mark.parametrize(
     "policy, server_args",
     [("adaptive", ()), ("fixed", ("--disable-overlap-schedule",))],
@@ -258,9 +324,11 @@ def ahead_server(tiny_models, tmp_path_factory, ahead_trace):
 
 
 @pytest.mark.server
-def test_sampling_requests_joining_a_batch_that_drafts_ahead(ahead_server, ahead_trace, reference):
-    """Sampled requests arrive while greedy ones draft ahead: the steps they share draft
-    for themselves, and the greedy output is unchanged."""
+def test_sampling_and_logprob_requests_joining_a_batch_that_drafts_ahead(ahead_server, ahead_trace, reference):
+    """Sampled requests and one that wants logprobs arrive while greedy ones draft
+    ahead: a sampled request verifies one token in the step it joins, then drafts ahead
+    through the sampled chain; steps that carry the logprob request draft for themselves.
+    The greedy output is unchanged."""
     sampled = {"max_new_tokens": 24, "temperature": 0.8, "top_p": 0.9}
     results: dict[str, list] = {}
 
@@ -271,9 +339,13 @@ def test_sampling_requests_joining_a_batch_that_drafts_ahead(ahead_server, ahead
     thread.start()
     time.sleep(0.5)
     results["sampled"] = generate(ahead_server.base_url, PROMPTS[:4], sampled)
+    results["logprobs"] = generate(
+        ahead_server.base_url, PROMPTS[:1], {**GREEDY, "max_new_tokens": 8}, extra={"return_logprob": True}
+    )
     thread.join()
     assert ids(results["greedy"]) == reference
     assert all(len(o["output_ids"]) == 24 for o in results["sampled"])
+    assert len(results["logprobs"][0]["meta_info"]["output_token_logprobs"]) == 8
     assert any(s.get("draft_steps") == "ahead" for s in read_trace(ahead_trace))
 
 

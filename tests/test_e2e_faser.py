@@ -9,15 +9,20 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from typing import Optional
 
 import openai
 import pytest
 import requests
-import torch
-from transformers import AutoTokenizer, LlamaForCausalLM
 
-from conftest import PROMPTS, catchup_gaps, load_script, read_trace, sampled_mix_with_bias, write_faser_config
+from conftest import (
+    PROMPTS,
+    assert_tokens_follow_target,
+    catchup_gaps,
+    load_script,
+    read_trace,
+    sampled_mix_with_bias,
+    write_faser_config,
+)
 from faser_sglang.sched_timeline import TIMELINE_ENV
 from fuzz_utils import faser_flags
 from server_utils import abort_streams_and_wait_for_free_kv, generate, launch_server, used_kv_tokens
@@ -173,53 +178,6 @@ def assert_second_token_follows_target(tiny_models, base_url: str) -> None:
     """Chi-square on the second generated token (produced by a verify step) against
     the target's exact distribution computed with transformers."""
     assert_tokens_follow_target(tiny_models, base_url, positions=(1,))
-
-
-def assert_tokens_follow_target(
-    tiny_models, base_url: str, positions: tuple[int, ...], max_new_tokens: Optional[int] = None
-) -> None:
-    """Chi-square on each generated token at ``positions`` (0: the prefill's) against
-    its exact marginal under the target, summed over every prefix of top-4 tokens
-    (transformers). Requests generate ``max_new_tokens`` (default: through the last
-    position); a length policy drafts less near a request's end."""
-    from scipy.stats import chisquare
-
-    prompt = "def foo(x):"
-    new_tokens = max_new_tokens or max(positions) + 1
-    params = {"max_new_tokens": new_tokens, "temperature": 0.9, "top_k": 4, "ignore_eos": True}
-    tok = AutoTokenizer.from_pretrained(tiny_models.target)
-    model = LlamaForCausalLM.from_pretrained(tiny_models.target, dtype=torch.float32)
-    prompt_ids = tok(prompt)["input_ids"]
-
-    def dist(ids_: list[int]) -> torch.Tensor:
-        with torch.no_grad():
-            logits = model(torch.tensor([ids_])).logits[0, -1] / params["temperature"]
-        top = torch.topk(logits, params["top_k"])
-        p = torch.zeros_like(logits)
-        p[top.indices] = torch.softmax(top.values, dim=-1)
-        return p
-
-    # marginals[j]: the distribution of generated token j; prefixes: (tokens, probability).
-    marginals: list[torch.Tensor] = []
-    prefixes = [([], 1.0)]
-    for _ in range(max(positions) + 1):
-        step = [(ids_, weight, dist(prompt_ids + ids_)) for ids_, weight in prefixes]
-        marginals.append(sum(weight * p for _, weight, p in step))
-        prefixes = [(ids_ + [t], weight * float(p[t])) for ids_, weight, p in step for t in torch.nonzero(p).flatten().tolist()]
-
-    outputs = []
-    for _ in range(8):
-        outputs += [o["output_ids"] for o in generate(base_url, [prompt_ids] * 50, params)]
-    for j in positions:
-        samples = [ids_[j] for ids_ in outputs]
-        expected = marginals[j]
-        support = torch.nonzero(expected > 0).flatten().tolist()
-        assert set(samples) <= set(support), f"token {j} outside the target's support"
-        counts = Counter(samples)
-        observed = [counts.get(t, 0) for t in support]
-        probs = expected[support].double()
-        exp = (probs / probs.sum() * len(samples)).tolist()
-        assert chisquare(observed, exp).pvalue > 1e-3, f"token {j}"
 
 
 def test_identity_model_as_its_own_draft_accepts_every_token(tiny_models, tmp_path):

@@ -26,9 +26,11 @@ What the host does not know at that point, and how the chain does without it:
 Where step N + 1 differs from what step N drafted for, the drafts still hold: a request
 that finished is filtered out with its drafts (FaserDraftState), one that joined has
 none and verifies one token (k = 0), and the step may only shorten the lengths
-(max_new_tokens, the verify's token budget). A step that cannot use them (a request
-joined that samples, or returns logprobs) drafts as usual: the KV the chain wrote is
-valid where it holds committed tokens and is rewritten before it is read elsewhere.
+(max_new_tokens, the verify's token budget). Rows that sample or carry a logit bias
+draft through the sampled chains (chain_sampling.py), whose q of each draft the drafts
+carry to the next step's rejection sampling. A step that cannot use them (a request
+joined that wants logprobs) drafts as usual: the KV the chain wrote is valid where it
+holds committed tokens and is rewritten before it is read elsewhere.
 The chain may also write for a request that has just finished (its stop token was in
 step N) and whose KV SGLang frees while the chain is still queued: it writes draft KV
 only, and a later owner of those slots writes theirs in a forward queued behind it.
@@ -51,7 +53,7 @@ from faser_sglang.kv_reserve import MAX_FORCED_GAP
 from faser_sglang.spec_worker.batch_views import request_pool_rows
 from faser_sglang.spec_worker.draft_chain import DraftChains
 from faser_sglang.spec_worker.policy import StepContext
-from faser_sglang.spec_worker.sampling import biased_requests, greedy_requests
+from faser_sglang.spec_worker.sampling import SamplingRows, biased_requests
 from faser_sglang.spec_worker.token_history import TokenHistory
 from faser_sglang.tensors import device_tensor
 
@@ -61,11 +63,13 @@ class AheadDrafts:
     """A step's drafts, drafted at the end of the step before (rows of the batch)."""
 
     tokens: torch.Tensor  # [bs, K_max] int64, zero past each row's length
+    probs: Optional[torch.Tensor]  # [bs, K_max, V] float32 q of a sampled chain's drafts; None: no row sampled
     lengths: list[int]  # [bs] k' the policy chose (0: not drafted ahead)
     fed: list[int]  # [bs] e: the chain left the row's draft KV valid up to L' + e (0: not fed)
 
     def filter(self, keep: torch.Tensor, keep_cpu: Sequence[int]) -> None:
         self.tokens = self.tokens[keep]
+        self.probs = None if self.probs is None else self.probs[keep]
         self.lengths = [self.lengths[i] for i in keep_cpu]
         self.fed = [self.fed[i] for i in keep_cpu]
 
@@ -79,17 +83,27 @@ class AheadDrafts:
         like = a if a is not None else b
         a = a or cls.none(a_rows, like.tokens)
         b = b or cls.none(b_rows, like.tokens)
-        return cls(torch.cat([a.tokens, b.tokens]), a.lengths + b.lengths, a.fed + b.fed)
+        probs = None
+        if a.probs is not None or b.probs is not None:
+            probs = torch.cat([_q_or_zeros(a, b), _q_or_zeros(b, a)])
+        return cls(torch.cat([a.tokens, b.tokens]), probs, a.lengths + b.lengths, a.fed + b.fed)
 
     @classmethod
     def none(cls, rows: int, like: torch.Tensor) -> "AheadDrafts":
-        return cls(like.new_zeros((rows, like.shape[1])), [0] * rows, [0] * rows)
+        return cls(like.new_zeros((rows, like.shape[1])), None, [0] * rows, [0] * rows)
 
 
-def plain_batch(batch) -> bool:
-    """Greedy, unbiased requests that want no logprobs: what a greedy chain drafts for."""
-    reqs = batch.reqs
-    return not batch.return_logprob and all(greedy_requests(reqs)) and not any(biased_requests(reqs))
+def _q_or_zeros(drafts: AheadDrafts, other: AheadDrafts) -> torch.Tensor:
+    """[rows, K_max, V] the q of ``drafts``, zeros (no row drafted there samples) if it has none."""
+    if drafts.probs is not None:
+        return drafts.probs
+    return other.probs.new_zeros((drafts.tokens.shape[0], *other.probs.shape[1:]))
+
+
+def drafts_ahead(batch) -> bool:
+    """Whether a step over this batch drafts ahead: every request but one that wants
+    logprobs (whose verify takes the general path)."""
+    return not batch.return_logprob
 
 
 def predicted_context(
@@ -124,16 +138,19 @@ class DraftAhead:
     """Launches the next step's chain (``launch``) and hands its drafts to the step
     (``drafts_for``)."""
 
-    def __init__(self, chains: DraftChains, history: TokenHistory, k_max: int):
+    def __init__(self, chains: DraftChains, history: TokenHistory, k_max: int, vocab_size: int):
         self.chains = chains
         self.history = history
         self.k_max = k_max
+        self.vocab_size = vocab_size
         self.launched = 0  # chains launched ahead
         self.used = 0  # steps that verified drafts drafted ahead
 
     def launch(
         self,
         batch,
+        sampling: SamplingRows,  # [bs] the batch's sampling
+        generator: Optional[torch.Generator],
         seq_lens: Sequence[int],  # [bs] this step's committed lengths
         lengths: Sequence[int],  # [bs] this step's k
         kv_bound: Sequence[int],  # [bs] draft KV bound after this step's draft phase
@@ -141,17 +158,24 @@ class DraftAhead:
         accept_lens: torch.Tensor,  # [bs] this step's accepted drafts + 1, on the device
         new_seq_lens: torch.Tensor,  # [bs] L' on the device
     ) -> Optional[AheadDrafts]:
-        """Queue the next step's chain; None where it cannot run ahead (no row drafts,
-        a row lags more than MAX_FORCED_GAP, or the chain would plan from host lengths)."""
+        """Queue the next step's chain; None where it cannot run ahead (no row drafts, a
+        row lags more than MAX_FORCED_GAP, or no chain serves the rows from the device's
+        lengths). Rows that sample or carry a logit bias draft through the sampled chain,
+        which keeps each draft's q for the next step's rejection sampling."""
         rows = [i for i, k in enumerate(next_lengths) if k > 0]
-        if not rows or not self.chains.plans_on_device(len(rows)):
+        if not rows:
+            return None
+        biased = biased_requests(batch.reqs)
+        plain = all(sampling.greedy_cpu[i] and not biased[i] for i in rows)  # a greedy chain's rows
+        n = len(rows)
+        if not self.chains.serves(n, plain) or not self.chains.plans_on_device(n, sampled=not plain):
             return None
         gaps_bound = forced_gap_bounds(lengths, seq_lens, kv_bound)
         widest = max(gaps_bound[i] for i in rows)
         if widest > MAX_FORCED_GAP:  # its catch-up runs in the next step itself
             return None
         m = max(next_lengths[i] for i in rows)
-        n, device = len(rows), new_seq_lens.device
+        device = new_seq_lens.device
         pool = request_pool_rows(batch)
         packed = device_tensor(
             [*rows, *(pool[i] for i in rows), *(kv_bound[i] - seq_lens[i] for i in rows),
@@ -164,24 +188,40 @@ class DraftAhead:
         cols = torch.arange(widest + 1, device=device)
         positions = starts.unsqueeze(1) + torch.minimum(cols.unsqueeze(0), gaps.unsqueeze(1))  # [n, G + 1]
         forced = self.history.ids[pool_t.unsqueeze(1), positions].to(torch.int64)
-        chain = self.chains.run_ahead(pool_t, starts, gaps, forced, widest + m, m)  # [n, m]
-        tokens = torch.zeros((len(next_lengths), self.k_max), dtype=torch.int64, device=device)
+        row_sampling = None if plain else sampling.select(rows, rows_t)
+        chain, q = self.chains.run_ahead(
+            pool_t, starts, gaps, forced, widest + m, m, row_sampling, generator
+        )  # [n, m], [n, m, V] or None
+        bs = len(next_lengths)
+        tokens = torch.zeros((bs, self.k_max), dtype=torch.int64, device=device)
         past = torch.arange(m, device=device).unsqueeze(0) >= lens_t.unsqueeze(1)  # [n, m]
         tokens[rows_t, :m] = chain.masked_fill(past, 0)
+        probs = None
+        if q is not None:  # q past a row's length is never read
+            probs = torch.zeros((bs, self.k_max, q.shape[2]), dtype=torch.float32, device=device)
+            probs[rows_t, :m] = q
         self.launched += 1
-        return AheadDrafts(tokens, list(next_lengths), [m if k > 0 else 0 for k in next_lengths])
+        return AheadDrafts(tokens, probs, list(next_lengths), [m if k > 0 else 0 for k in next_lengths])
 
     def drafts_for(
         self,
         ahead: AheadDrafts,
         draft_lens: torch.Tensor,  # [bs] the step's final k (never above ahead.lengths)
+        sampling: SamplingRows,  # [bs] the step's sampling
         seq_lens: Sequence[int],  # [bs] the step's committed lengths
         draft_kv_lens: Sequence[int],  # [bs] valid draft KV before the chain ran ahead
-    ) -> tuple[torch.Tensor, list[int]]:
-        """The step's [bs, K_max] drafts, zero past its final lengths, and its draft KV
-        bound: L + e where the chain fed the row."""
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor], list[int]]:
+        """The step's [bs, K_max] drafts, zero past its final lengths; their [bs, K_max, V]
+        q where some row samples (None where every row is greedy; zeros for sampling rows
+        that joined since: they draft nothing); and its draft KV bound: L + e where the
+        chain fed the row."""
         self.used += 1
         cols = torch.arange(self.k_max, device=draft_lens.device).unsqueeze(0)
         tokens = ahead.tokens.masked_fill(cols >= draft_lens.unsqueeze(1), 0)
+        probs = None
+        if not sampling.all_greedy:
+            probs = ahead.probs
+            if probs is None:
+                probs = torch.zeros((*tokens.shape, self.vocab_size), dtype=torch.float32, device=tokens.device)
         bound = [n + e if e > 0 else d for n, e, d in zip(seq_lens, ahead.fed, draft_kv_lens)]
-        return tokens, bound
+        return tokens, probs, bound

@@ -224,14 +224,15 @@ class DraftChains:
             fed_cpu, int(fed_cpu.sum()), sampling, generator,
         )  # fmt: skip
 
-    def plans_on_device(self, rows: int) -> bool:
-        """Whether a greedy chain over this many rows runs without host lengths
-        (``run_ahead``): its graph replays through a multi-step backend that plans with
-        kernels (Triton's), or it runs on the CPU, where the device's lengths are the
-        host's. FlashInfer plans from host lengths (chain_backends.py)."""
+    def plans_on_device(self, rows: int, sampled: bool = False) -> bool:
+        """Whether a chain over this many rows (``sampled``: through the sampled chains)
+        runs without host lengths (``run_ahead``): its graph replays through a multi-step
+        backend that plans with kernels (Triton's), or it runs on the CPU, where the
+        device's lengths are the host's. FlashInfer plans from host lengths
+        (chain_backends.py)."""
         if self.draft_runner.device == "cpu":
             return True
-        return self.graphed(rows) and self.backends.plans_on_device
+        return self.graphed(rows, sampled) and self.backends.plans_on_device
 
     def run_ahead(
         self,
@@ -241,17 +242,17 @@ class DraftChains:
         forced: torch.Tensor,  # [n, G + 1] int64, row r's first g_r + 1 inputs, G >= max g_r
         forwards: int,  # M
         drafts: int,  # tokens wanted per row, drafts + G <= M
-    ) -> torch.Tensor:
-        """``run`` for a greedy, unbiased chain whose starts and gaps the host does not
-        know (draft_ahead.py): [n, drafts] int64, each row's draws g_r .. g_r + drafts - 1.
-        Only where ``plans_on_device``."""
+        sampling: Optional[SamplingRows] = None,  # [n] the rows' sampling; None: greedy, unbiased
+        generator: Optional[torch.Generator] = None,
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """``run`` for a chain whose starts and gaps the host does not know
+        (draft_ahead.py): the same outputs. Only where ``plans_on_device``."""
         on_cpu = starts.device.type == "cpu"
         fed_cpu = starts.clone() if on_cpu else None  # a CPU tensor is its own host copy
-        tokens, _ = self._draft(
+        return self._draft(
             pool_rows, starts, gaps, forced, forwards, drafts,
-            fed_cpu, int(starts.sum()) if on_cpu else None, None, None,
+            fed_cpu, int(starts.sum()) if on_cpu else None, sampling, generator,
         )  # fmt: skip
-        return tokens
 
     def _draft(
         self,

@@ -52,7 +52,7 @@ from faser_sglang.spec_worker.accept import AcceptResult, accept
 from faser_sglang.spec_worker.adaptive import deployment_from_runners
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft import DraftOutput, DraftPhase
-from faser_sglang.spec_worker.draft_ahead import AheadDrafts, DraftAhead, plain_batch, predicted_context
+from faser_sglang.spec_worker.draft_ahead import AheadDrafts, DraftAhead, drafts_ahead, predicted_context
 from faser_sglang.spec_worker.draft_model import DraftModel
 from faser_sglang.spec_worker.policy import StepContext, draft_caps, draft_room, make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
@@ -128,7 +128,8 @@ class FaserWorker(BaseSpecWorker):
                     "from host lengths, which a chain drafted ahead does not have), or set "
                     "draft_ahead false."
                 )
-            self.ahead = DraftAhead(chains, self.history, self.k_max)
+            vocab = self._target_worker.model_runner.model_config.vocab_size
+            self.ahead = DraftAhead(chains, self.history, self.k_max, vocab)
             from sglang.srt.mem_cache import allocation_sizing  # the hooked reservation (kv_reserve.py)
 
             logger.info(
@@ -222,7 +223,7 @@ class FaserWorker(BaseSpecWorker):
             self.draft_phase.chains_batch(batch.reqs, batch.sampling_info),
         )
         # Drafted ahead: the lengths were chosen at the end of the last step (draft_ahead.py).
-        ahead = state.ahead if self.ahead is not None and plain_batch(batch) else None
+        ahead = state.ahead if self.ahead is not None and drafts_ahead(batch) else None
         chosen = ahead.lengths if ahead is not None else self.policy.choose(rids, self.k_max, context)
         lengths = cap_to_remaining(chosen, remaining)
         lengths = self.agreement.lengths(fit_token_budget(lengths, budget))
@@ -239,7 +240,7 @@ class FaserWorker(BaseSpecWorker):
         ranges.begin("draft")
         if ahead is not None:
             with annotate("draft.ahead"):
-                drafts = self._drafts_from_ahead(ahead, layout, seq_lens, draft_kv_lens)
+                drafts = self._drafts_from_ahead(ahead, layout, sampling, seq_lens, draft_kv_lens)
         else:
             drafts = self.draft_phase.run(batch, layout, draft_kv_lens, sampling, self.generator, self.history)
         self.agreement.tokens(drafts.tokens)
@@ -267,9 +268,9 @@ class FaserWorker(BaseSpecWorker):
         # Draft KV is valid up to the committed length it was fed (FaserDraftState).
         next_state = FaserDraftState(drafts.draft_kv_lens, last)
         phase_left = False
-        if self.ahead is not None and plain_batch(batch):
+        if self.ahead is not None and drafts_ahead(batch):
             ranges.begin("ahead")  # queued behind the accept, before any wait for it
-            next_state.ahead = self._draft_ahead(batch, rids, context, lengths, drafts, result, new_seq_lens)
+            next_state.ahead = self._draft_ahead(batch, sampling, rids, context, lengths, drafts, result, new_seq_lens)
             phase_left = True
         if not self.overlap:
             ranges.begin("settle")
@@ -280,14 +281,20 @@ class FaserWorker(BaseSpecWorker):
         return self._result(batch, result, accept_lens, logits, new_seq_lens, next_state)
 
     def _drafts_from_ahead(
-        self, ahead: AheadDrafts, layout: RaggedLayout, seq_lens: list[int], draft_kv_lens: list[int]
+        self,
+        ahead: AheadDrafts,
+        layout: RaggedLayout,
+        sampling: SamplingRows,
+        seq_lens: list[int],
+        draft_kv_lens: list[int],
     ) -> DraftOutput:
-        tokens, kv_bound = self.ahead.drafts_for(ahead, layout.draft_lens, seq_lens, draft_kv_lens)
-        return DraftOutput(tokens, None, kv_bound, 0, steps="ahead")
+        tokens, probs, kv_bound = self.ahead.drafts_for(ahead, layout.draft_lens, sampling, seq_lens, draft_kv_lens)
+        return DraftOutput(tokens, probs, kv_bound, 0, steps="ahead")
 
     def _draft_ahead(
         self,
         batch: ScheduleBatch,
+        sampling: SamplingRows,
         rids: list[str],
         context: StepContext,
         lengths: list[int],
@@ -302,8 +309,9 @@ class FaserWorker(BaseSpecWorker):
         chosen = cap_to_remaining(self.policy.choose(rids, self.k_max, predicted), predicted.remaining_tokens)
         next_lengths = self.agreement.lengths(fit_token_budget(chosen, predicted.max_verify_tokens))
         ahead = self.ahead.launch(
-            batch, context.seq_lens, lengths, drafts.draft_kv_lens, next_lengths, result.accept_lens, new_seq_lens
-        )
+            batch, sampling, self.generator, context.seq_lens, lengths, drafts.draft_kv_lens, next_lengths,
+            result.accept_lens, new_seq_lens,
+        )  # fmt: skip
         if ahead is not None:
             self.agreement.tokens(ahead.tokens)
         return ahead
