@@ -143,8 +143,6 @@ class DraftAhead:
         self.history = history
         self.k_max = k_max
         self.vocab_size = vocab_size
-        self.launched = 0  # chains launched ahead
-        self.used = 0  # steps that verified drafts drafted ahead
 
     def launch(
         self,
@@ -200,7 +198,6 @@ class DraftAhead:
         if q is not None:  # q past a row's length is never read
             probs = torch.zeros((bs, self.k_max, q.shape[2]), dtype=torch.float32, device=device)
             probs[rows_t, :m] = q
-        self.launched += 1
         return AheadDrafts(tokens, probs, list(next_lengths), [m if k > 0 else 0 for k in next_lengths])
 
     def drafts_for(
@@ -215,7 +212,6 @@ class DraftAhead:
         q where some row samples (None where every row is greedy; zeros for sampling rows
         that joined since: they draft nothing); and its draft KV bound: L + e where the
         chain fed the row."""
-        self.used += 1
         cols = torch.arange(self.k_max, device=draft_lens.device).unsqueeze(0)
         tokens = ahead.tokens.masked_fill(cols >= draft_lens.unsqueeze(1), 0)
         probs = None
