@@ -329,7 +329,7 @@ def test_sampling_and_logprob_requests_joining_a_batch_that_drafts_ahead(ahead_s
     ahead: a sampled request verifies one token in the step it joins, then drafts ahead
     through the sampled chain; steps that carry the logprob request draft for themselves.
     The greedy output is unchanged."""
-    sampled = {"max_new_tokens": 24, "temperature": 0.8, "top_p": 0.9}
+    sampled = {"max_new_tokens": 24, "temperature": 0.8, "top_p": 0.9, "ignore_eos": True}
     results: dict[str, list] = {}
 
     def greedy():
