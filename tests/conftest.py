@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, LlamaForCausalLM
 
 from faser_sglang.kit.tiny import build_identity_transition_model, build_tiny_llama
 from faser_sglang.spec_worker.adaptive import CostModel, DraftCost, PlainCost, VerifyCost
-from server_utils import CPU_SERVER_ENV, generate
+from server_utils import CPU_SERVER_ENV, generate, generate_each
 
 
 def profiled_costs(
@@ -139,6 +139,16 @@ def sampled_mix_with_bias(greedy_outputs: list[list[int]]) -> tuple[dict, ...]:
     top = [t for t, _ in Counter(t for out in greedy_outputs for t in out).most_common(3)]
     bias = {str(top[0]): -100.0, str(top[1]): -100.0, str(top[2]): 3.0}
     return (*SAMPLED_MIX, {"temperature": 0, "logit_bias": bias}, {"temperature": 0.9, "logit_bias": bias})
+
+
+def generate_sampled_mix(base_url: str, max_new_tokens: int = 40) -> list[dict]:
+    """Every prompt of PROMPTS as a request of its own, all at once, with the parameters
+    of ``sampled_mix_with_bias`` in turn (its bias from 16 greedy tokens of each prompt),
+    ignoring EOS: sampling, greedy and logit-biased requests in one batch."""
+    greedy = generate(base_url, PROMPTS, {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True})
+    mix = sampled_mix_with_bias([o["output_ids"] for o in greedy])
+    params = [{**mix[i % len(mix)], "max_new_tokens": max_new_tokens, "ignore_eos": True} for i in range(len(PROMPTS))]
+    return generate_each(base_url, PROMPTS, params)
 
 
 def assert_tokens_follow_target(

@@ -81,6 +81,16 @@ def generate(
         return list(pool.map(one, prompts_or_input_ids))
 
 
+
+def generate_each(
+    base_url: str, prompts: Sequence[str | Sequence[int]], params: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Prompt i as a request of its own with sampling parameters ``params[i]``, all at
+    once (the server batches them); responses in input order."""
+    with ThreadPoolExecutor(max_workers=max(1, len(prompts))) as pool:
+        futures = [pool.submit(generate, base_url, [p], q) for p, q in zip(prompts, params, strict=True)]
+        return [f.result()[0] for f in futures]
+
 def used_kv_tokens(base_url: str) -> int:
     """KV slots a server holds for requests (its radix cache flushed first)."""
     requests.post(base_url + "/flush_cache", timeout=60)

@@ -22,19 +22,19 @@ from conftest import (
     PROMPTS,
     assert_tokens_follow_target,
     catchup_gaps,
+    generate_sampled_mix,
     read_trace,
-    sampled_mix_with_bias,
     write_faser_config,
 )
 from faser_sglang import kv_reserve
-from faser_sglang.spec_worker.adaptive.cost_model import CostKey, write_cost_entry
 from faser_sglang.config import FaserConfig
+from faser_sglang.spec_worker.adaptive.cost_model import CostKey, write_cost_entry
 from faser_sglang.spec_worker.draft_ahead import AheadDrafts, forced_gap_bounds, predicted_context
 from faser_sglang.spec_worker.policy import StepContext
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.validation import validate_server_args
 from fuzz_utils import faser_flags
-from server_utils import abort_streams_and_wait_for_free_kv, generate, launch_server
+from server_utils import abort_streams_and_wait_for_free_kv, generate, generate_each, launch_server
 
 K_MAX = 4
 GREEDY = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
@@ -194,18 +194,8 @@ def reference(nospec):
 def _staggered(base_url: str) -> list[dict]:
     """Each prompt its own request, all at once, each with its own max_new_tokens: near
     their limits requests draft fewer tokens than the others (worker.cap_to_remaining)."""
-    outs: dict[int, dict] = {}
-
-    def one(i: int) -> None:
-        params = {"max_new_tokens": 24 + 5 * i, "temperature": 0, "ignore_eos": True}
-        outs[i] = generate(base_url, [PROMPTS[i]], params)[0]
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return [outs[i] for i in range(len(PROMPTS))]
+    params = [{"max_new_tokens": 24 + 5 * i, "temperature": 0, "ignore_eos": True} for i in range(len(PROMPTS))]
+    return generate_each(base_url, PROMPTS, params)
 
 
 @pytest.mark.server
@@ -246,19 +236,8 @@ def test_sampled_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_p
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", policy="fixed", trace_path=str(trace), seed=11, draft_ahead=True)
     with launch_faser(tiny_models.target, tiny_models.target, env) as server:
-        mix = sampled_mix_with_bias(ids(generate(server.base_url, PROMPTS, {**GREEDY, "max_new_tokens": 16})))
-        params = [{**mix[i % len(mix)], "max_new_tokens": 40, "ignore_eos": True} for i in range(len(PROMPTS))]
-        outs: dict[int, dict] = {}
-
-        def run(i: int) -> None:
-            outs[i] = generate(server.base_url, [PROMPTS[i]], params[i])[0]
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(params))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    assert all(len(o["output_ids"]) == 40 for o in outs.values())
+        outs = generate_sampled_mix(server.base_url)
+    assert all(len(o["output_ids"]) == 40 for o in outs)
     steps = read_trace(trace)
     assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
     assert Counter(s.get("draft_steps") for s in steps)["ahead"] > 0

@@ -18,9 +18,9 @@ from conftest import (
     PROMPTS,
     assert_tokens_follow_target,
     catchup_gaps,
+    generate_sampled_mix,
     load_script,
     read_trace,
-    sampled_mix_with_bias,
     write_faser_config,
 )
 from faser_sglang.sched_timeline import TIMELINE_ENV
@@ -268,18 +268,7 @@ def test_sampled_self_draft_chain_accepts_every_token(tiny_models, tmp_path):
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", policy="random", trace_path=str(trace), seed=11)
     with launch_faser(tiny_models.target, tiny_models.target, env) as server:
-        mix = sampled_mix_with_bias(ids(generate(server.base_url, PROMPTS, {**GREEDY, "max_new_tokens": 16})))
-        params = [{**mix[i % len(mix)], "max_new_tokens": 40, "ignore_eos": True} for i in range(len(PROMPTS))]
-        results: list[dict] = [{} for _ in params]
-
-        def run(i: int) -> None:
-            results[i] = generate(server.base_url, [PROMPTS[i]], params[i])[0]
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(params))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = generate_sampled_mix(server.base_url)
     assert all(len(r["output_ids"]) == 40 for r in results)
     steps = read_trace(trace)
     assert sum(sum(s["draft_lens"]) for s in steps) > 0
