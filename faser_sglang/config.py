@@ -94,8 +94,8 @@ class FaserConfig:
     # so a step that drafted ahead only verifies (spec_worker/draft_ahead.py). Batches
     # without logprobs; sampling or logit-biased rows need sampled_chain. Needs
     # draft_chain, K_max >= 2 and a draft attention backend that plans on the device
-    # (--speculative-draft-attention-backend triton on a GPU). SGLang then reserves 3 K_max + 3 KV slots per request and step
-    # instead of 2 K_max + 2.
+    # (--speculative-draft-attention-backend triton on a GPU). SGLang then reserves
+    # 3 K_max + 3 KV slots per request and step instead of 2 K_max + 2.
     draft_ahead: bool = False
 
     @property

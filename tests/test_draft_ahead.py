@@ -29,7 +29,7 @@ from conftest import (
 from faser_sglang import kv_reserve
 from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.adaptive.cost_model import CostKey, write_cost_entry
-from faser_sglang.spec_worker.draft_ahead import AheadDrafts, forced_gap_bounds, predicted_context
+from faser_sglang.spec_worker.draft_ahead import AheadDrafts, forced_gap_bounds, predicted_context, upper_seq_lens
 from faser_sglang.spec_worker.policy import StepContext
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.validation import validate_server_args
@@ -60,8 +60,10 @@ def test_forced_gap_bounds():
 
 def test_predicted_context_bounds_the_next_step():
     context = StepContext((10, 20), (10, 18), 64, 8, (100, 5), True)
-    nxt = predicted_context(context, [3, 0], [13, 18], [96, 4])
-    assert nxt.seq_lens == (14, 21)  # every draft accepted, plus the correction
+    upper = upper_seq_lens(context.seq_lens, [3, 0])
+    assert upper == [14, 21]  # every draft accepted, plus the correction
+    nxt = predicted_context(context, upper, [13, 18], [96, 4])
+    assert nxt.seq_lens == (14, 21)
     assert nxt.draft_kv_lens == (13, 18)
     assert nxt.remaining_tokens == (96, 4)
     assert (nxt.max_verify_tokens, nxt.catchup_piece_tokens, nxt.chained) == (64, 8, True)

@@ -47,6 +47,7 @@ from faser_sglang.spec_worker.sampling import (
     biased_requests,
     greedy_requests,
     greedy_tokens,
+    plain_rows,
     sampling_probs,
 )
 from faser_sglang.spec_worker.token_history import TokenHistory
@@ -116,8 +117,7 @@ class DraftPhase:
             return DraftOutput(tokens, probs, new_kv_lens, 0)
 
         m = max(k[i] for i in active)
-        biased = biased_requests(batch.reqs)
-        plain = all(sampling.greedy_cpu[i] and not biased[i] for i in active)  # a greedy chain's rows
+        plain = plain_rows(sampling, batch.reqs, active)
         chained = m > 1 and self._chains_serve(len(active), plain)
         gaps = [seq_lens[i] - draft_kv_lens[i] for i in active]  # committed tokens each row's draft KV lacks
         forwards = 0

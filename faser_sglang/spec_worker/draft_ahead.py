@@ -53,7 +53,7 @@ from faser_sglang.kv_reserve import MAX_FORCED_GAP
 from faser_sglang.spec_worker.batch_views import request_pool_rows
 from faser_sglang.spec_worker.draft_chain import DraftChains
 from faser_sglang.spec_worker.policy import StepContext
-from faser_sglang.spec_worker.sampling import SamplingRows, biased_requests
+from faser_sglang.spec_worker.sampling import SamplingRows, plain_rows
 from faser_sglang.spec_worker.token_history import TokenHistory
 from faser_sglang.tensors import device_tensor
 
@@ -106,18 +106,23 @@ def drafts_ahead(batch) -> bool:
     return not batch.return_logprob
 
 
+def upper_seq_lens(seq_lens: Sequence[int], lengths: Sequence[int]) -> list[int]:
+    """[bs] the next step's committed lengths if every draft of this step is accepted:
+    L + k + 1, an upper bound."""
+    return [n + k + 1 for n, k in zip(seq_lens, lengths)]
+
+
 def predicted_context(
     context: StepContext,
-    lengths: Sequence[int],  # [bs] this step's k
+    seq_lens: Sequence[int],  # [bs] upper_seq_lens of this step
     kv_bound: Sequence[int],  # [bs] draft KV bound after this step's draft phase
-    remaining: Sequence[Optional[int]],  # [bs] for the predicted lengths (worker.remaining_tokens)
+    remaining: Sequence[Optional[int]],  # [bs] at ``seq_lens`` (worker.remaining_tokens)
 ) -> StepContext:
     """The next step's context as far as this step knows it: every draft accepted, so
     committed lengths are upper bounds and remaining tokens lower bounds (the caps they
     give are never looser than the next step's own)."""
-    seq_lens = tuple(n + k + 1 for n, k in zip(context.seq_lens, lengths))
     return StepContext(
-        seq_lens,
+        tuple(seq_lens),
         tuple(min(b, n) for b, n in zip(kv_bound, seq_lens)),
         context.max_verify_tokens,
         context.catchup_piece_tokens,
@@ -163,8 +168,7 @@ class DraftAhead:
         rows = [i for i, k in enumerate(next_lengths) if k > 0]
         if not rows:
             return None
-        biased = biased_requests(batch.reqs)
-        plain = all(sampling.greedy_cpu[i] and not biased[i] for i in rows)  # a greedy chain's rows
+        plain = plain_rows(sampling, batch.reqs, rows)
         n = len(rows)
         if not self.chains.serves(n, plain) or not self.chains.plans_on_device(n, sampled=not plain):
             return None
@@ -185,7 +189,7 @@ class DraftAhead:
         starts = new_seq_lens[rows_t].to(torch.int64) - gaps  # [n]
         cols = torch.arange(widest + 1, device=device)
         positions = starts.unsqueeze(1) + torch.minimum(cols.unsqueeze(0), gaps.unsqueeze(1))  # [n, G + 1]
-        forced = self.history.ids[pool_t.unsqueeze(1), positions].to(torch.int64)
+        forced = self.history.read(pool_t.unsqueeze(1), positions)  # [n, G + 1]
         row_sampling = None if plain else sampling.select(rows, rows_t)
         chain, q = self.chains.run_ahead(
             pool_t, starts, gaps, forced, widest + m, m, row_sampling, generator

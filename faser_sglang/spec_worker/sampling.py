@@ -36,6 +36,13 @@ def biased_requests(reqs: Sequence) -> tuple[bool, ...]:
     return tuple(r.sampling_params.logit_bias is not None for r in reqs)
 
 
+def plain_rows(sampling: SamplingRows, reqs: Sequence, rows: Sequence[int]) -> bool:
+    """Whether these batch rows are all greedy and unbiased: rows a greedy chain drafts
+    (the others need the sampled chains, which sample and add the logit bias)."""
+    biased = biased_requests(reqs)
+    return all(sampling.greedy_cpu[i] and not biased[i] for i in rows)
+
+
 @dataclass(frozen=True)
 class SamplingRows:
     """Sampling parameters, one row per request (or per flat token after expand).

@@ -77,7 +77,12 @@ class TokenHistory:
     def gather(self, pool_rows: Sequence[int], positions: Sequence[int]) -> torch.Tensor:
         """[n] int64: the tokens at (pool_rows[j], positions[j])."""
         index = device_tensor([*pool_rows, *positions], self.ids.device).view(2, len(pool_rows))  # one copy
-        return self.ids[index[0], index[1]].to(torch.int64)
+        return self.read(index[0], index[1])
+
+    def read(self, pool_rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """int64 tokens at (pool_rows, positions), device index tensors broadcast
+        together: positions the host need not know."""
+        return self.ids[pool_rows, positions].to(torch.int64)
 
     def at(self, tokens: ChunkTokens) -> torch.Tensor:
         """[len(tokens)] int64: the tokens of a chunk, from its device indices."""

@@ -52,7 +52,13 @@ from faser_sglang.spec_worker.accept import AcceptResult, accept
 from faser_sglang.spec_worker.adaptive import deployment_from_runners
 from faser_sglang.spec_worker.chunk_forward import ChunkForward
 from faser_sglang.spec_worker.draft import DraftOutput, DraftPhase
-from faser_sglang.spec_worker.draft_ahead import AheadDrafts, DraftAhead, drafts_ahead, predicted_context
+from faser_sglang.spec_worker.draft_ahead import (
+    AheadDrafts,
+    DraftAhead,
+    drafts_ahead,
+    predicted_context,
+    upper_seq_lens,
+)
 from faser_sglang.spec_worker.draft_model import DraftModel
 from faser_sglang.spec_worker.policy import StepContext, draft_caps, draft_room, make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
@@ -304,8 +310,8 @@ class FaserWorker(BaseSpecWorker):
     ) -> Optional[AheadDrafts]:
         """Choose the next step's lengths and queue its chain behind this step's accept
         (draft_ahead.py); None where the next step drafts for itself."""
-        upper = [n + k + 1 for n, k in zip(context.seq_lens, lengths)]  # every draft accepted
-        predicted = predicted_context(context, lengths, drafts.draft_kv_lens, remaining_tokens(batch.reqs, upper))
+        upper = upper_seq_lens(context.seq_lens, lengths)
+        predicted = predicted_context(context, upper, drafts.draft_kv_lens, remaining_tokens(batch.reqs, upper))
         chosen = cap_to_remaining(self.policy.choose(rids, self.k_max, predicted), predicted.remaining_tokens)
         next_lengths = self.agreement.lengths(fit_token_budget(chosen, predicted.max_verify_tokens))
         ahead = self.ahead.launch(
