@@ -8,7 +8,7 @@ Subcommands (each output is a HuggingFace Llama directory SGLang loads as is)::
     python scripts/build_models.py truncate SRC OUT --layers 8
     python scripts/build_models.py widen SRC OUT --hidden 4096 --intermediate 14336 \\
         --heads 64 --kv-heads 16 --ballast 2
-    python scripts/build_models.py twins SRC OUT --preset cost-faithful-14b
+    python scripts/build_models.py twins SRC OUT --preset cost-faithful-14b [--full-depth]
     python scripts/build_models.py perturb SRC OUT --noise 0.05
     python scripts/build_models.py distill TARGET DRAFT OUT --steps 300
     python scripts/build_models.py pair OUT --preset cost-faithful   # or cost-faithful-14b, cpu
@@ -154,6 +154,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("src", type=Path)
     p.add_argument("out", type=Path, help="gets target/ and draft/")
     p.add_argument("--preset", choices=PRESETS, required=True)
+    p.add_argument(
+        "--full-depth", action="store_true", help="ballast up to the pair's layer counts: its forwards' cost"
+    )
 
     p = sub.add_parser("perturb", help="add relative Gaussian noise to every tensor")
     p.add_argument("src", type=Path)
@@ -202,7 +205,8 @@ def main(argv: list[str] | None = None) -> None:
         preset = PRESETS[args.preset]
         if preset.target is None or preset.draft is None:
             raise SystemExit(f"preset {args.preset} does not widen its models: no shape twins to build")
-        twins = shape_twins(args.src, args.out, preset.target, preset.draft)
+        depths = preset.depths() if args.full_depth else None
+        twins = shape_twins(args.src, args.out, preset.target, preset.draft, depths)
         print(json.dumps({role: str(path) for role, path in twins.items()}))
     elif args.command == "perturb":
         print(perturb(args.src, args.out, args.noise, args.seed))

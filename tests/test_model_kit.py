@@ -116,6 +116,22 @@ def test_shape_twins_take_the_widths_without_the_depth(tmp_path):
     assert (twins["draft"] / "kit.json").stat().st_mtime_ns == stamp
 
 
+def test_shape_twins_at_full_depth_take_the_pairs_layer_counts(tmp_path):
+    """With ``depths``, ballast makes up each twin's depth; a source deeper than the
+    pair is refused."""
+    src = build_tiny_llama(tmp_path / "src", seed=1)  # 2 layers
+    target, draft = WideShape(128, 256, 8, 2, ballast_layers=0), WideShape(96, 192, 6, 2, ballast_layers=0)
+    twins = shape_twins(src, tmp_path / "twins", target, draft, depths=(5, 3))
+    assert [LlamaConfig.from_pretrained(str(twins[r])).num_hidden_layers for r in ("target", "draft")] == [5, 3]
+    with pytest.raises(ValueError, match="more than the pair's"):
+        shape_twins(src, tmp_path / "shallow", target, draft, depths=(5, 1))
+
+
+def test_preset_depths_count_the_ballast():
+    assert PRESETS["cost-faithful-14b"].depths() == (48, 24)
+    assert PRESETS["cpu"].depths() == (30, 8)
+
+
 def test_sharded_checkpoint_loads(tmp_path, monkeypatch):
     # Small shards exercise the multi-file layout a 7B-class target gets.
     monkeypatch.setattr(drafts, "MAX_SHARD_BYTES", 256 << 10)

@@ -426,15 +426,30 @@ def widen(
     return save_checkpoint(out_dir, config, wide_tensors(), dtype=dtype, recipe=recipe, tokenizer_dir=src_dir)
 
 
-def shape_twins(src_dir: str | Path, out_dir: str | Path, target: WideShape, draft: WideShape) -> dict[str, Path]:
-    """``src_dir`` (a tiny model) widened to a pair's target and draft widths without
-    their ballast: OUT/target and OUT/draft have the pair's attention, norm and GEMM
-    shapes and the tiny model's few layers, so a server started on them compiles the
-    pair's kernels and its forwards cost the GPU little. A twin already built is kept
-    (``widen`` checks its recipe)."""
+def shape_twins(
+    src_dir: str | Path,
+    out_dir: str | Path,
+    target: WideShape,
+    draft: WideShape,
+    depths: tuple[int, int] | None = None,
+) -> dict[str, Path]:
+    """``src_dir`` (a tiny model) widened to a pair's target and draft widths: OUT/target
+    and OUT/draft have the pair's attention, norm and GEMM shapes.
+
+    Without ``depths`` they keep the tiny model's few layers, so a server started on
+    them compiles the pair's kernels and its forwards cost the GPU little. With
+    ``depths`` (the pair's (target, draft) layer counts) ballast layers make up the
+    pair's depth, so a forward costs what the pair's does, while both twins still
+    compute the tiny model's logits: a draft whose every token the target accepts.
+    A twin already built is kept (``widen`` checks its recipe)."""
+    src_layers = LlamaConfig.from_pretrained(str(src_dir)).num_hidden_layers
+    roles = (("target", target), ("draft", draft))
+    ballast = [0, 0] if depths is None else [depth - src_layers for depth in depths]
+    if min(ballast) < 0:
+        raise ValueError(f"the source has {src_layers} layers, more than the pair's {depths}")
     return {
-        role: widen(src_dir, Path(out_dir) / role, **{**asdict(shape), "ballast_layers": 0})
-        for role, shape in (("target", target), ("draft", draft))
+        role: widen(src_dir, Path(out_dir) / role, **{**asdict(shape), "ballast_layers": extra})
+        for (role, shape), extra in zip(roles, ballast)
     }
 
 

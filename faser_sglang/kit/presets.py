@@ -79,6 +79,9 @@ class DistillSettings:
     generate_batch: int
 
 
+SMOLLM2_LAYERS = 30  # SmolLM2-135M-Instruct's decoder layers: a widened target's real ones
+
+
 @dataclass(frozen=True)
 class PairPreset:
     """A (target, draft) pair derived from SmolLM2; None shapes mean "not widened"."""
@@ -91,6 +94,11 @@ class PairPreset:
     # KV-cache tokens to serve the pair with on one H200 at --mem-fraction-static 0.8
     # (target and draft pools; None: no GPU serving preset).
     max_total_tokens: int | None
+
+    def depths(self) -> tuple[int, int]:
+        """(target, draft) decoder layers of the built pair, ballast included."""
+        target = SMOLLM2_LAYERS + (self.target.ballast_layers if self.target else 0)
+        return target, self.draft_layers + (self.draft.ballast_layers if self.draft else 0)
 
 
 def _gpu_pair(target: WideShape, max_total_tokens: int) -> PairPreset:

@@ -30,6 +30,11 @@
 #   host  (any time)                                         per-step host cost of every contender on the
 #                                                            tiny pair (scripts/profile_host.py; GPU 0)
 #   host-wait                                                wait for "host" (at most WAIT s)
+#   period (after call 1)                                    decode step period of each contender (CONTENDERS,
+#                                                            HOST_CONCURRENCY) on full-depth shape twins of the
+#                                                            preset: the pair's forward costs, every draft
+#                                                            accepted, no GGUF (scripts/profile_host.py; GPU 0)
+#   period-wait                                              wait for "period" (at most WAIT s)
 # On one GPU the tests run in the background of call 1 (TESTS_K selects them, e.g.
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
 # the GPU-1 job and TP=2 runs are left out. Where a GPU machine is available for about
@@ -240,6 +245,25 @@ case ${1:?call: 1|2|3|4} in
     wait_for host.done; tail -12 $RES/host.log ;;
   host-wait)
     wait_for host.done; tail -12 $RES/host.log ;;
+  period)  # the decode step period of each contender, with the 13.5B pair's costs but no GGUF:
+           # full-depth shape twins of the preset (ballast layers; both compute the tiny
+           # model's logits, so the target accepts every draft), after call 1's tests and
+           # warm-up, GPU 0 (scripts/profile_host.py: period/host.md), in the background;
+           # the call waits at most WAIT s, "period-wait" waits more
+    [[ -d $TINY/target ]] || python3 scripts/build_models.py tiny $TINY/target >/dev/null
+    rm -f $RES/period.done
+    background period "python3 scripts/build_models.py twins $TINY/target /tmp/faser-deep --preset $PAIR_PRESET \
+        --full-depth >/dev/null
+      while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself
+      CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_host.py --target /tmp/faser-deep/target \
+        --draft /tmp/faser-deep/draft --out $RES/period --contenders ${CONTENDERS:-faser-k3+speculative-draft-attention-backend=triton \
+        faser-k3@draft_ahead=true+speculative-draft-attention-backend=triton no-spec} \
+        --concurrency ${HOST_CONCURRENCY:-1 4 16} --max-new-tokens ${MAX_NEW_TOKENS:-800} --server-args '$SERVER_FLAGS \
+        --cuda-graph-max-bs 64 --max-running-requests 64 --mem-fraction-static 0.8 --max-total-tokens 100000' \
+        2>&1 | grep --line-buffered -v '^\[20'; touch $RES/period.done"
+    wait_for period.done; tail -12 $RES/period.log ;;
+  period-wait)
+    wait_for period.done; tail -12 $RES/period.log ;;
   soak)  # the soak alone, in the foreground (8 min; on a one-GPU machine)
     python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
