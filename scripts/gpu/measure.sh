@@ -256,8 +256,8 @@ case ${1:?call: 1|2|3|4} in
         --full-depth >/dev/null
       while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself
       CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_host.py --target /tmp/faser-deep/target \
-        --draft /tmp/faser-deep/draft --out $RES/period --contenders ${CONTENDERS:-faser-k3+speculative-draft-attention-backend=triton \
-        faser-k3@draft_ahead=true+speculative-draft-attention-backend=triton no-spec} \
+        --draft /tmp/faser-deep/draft --out $RES/period --contenders ${CONTENDERS:-faser-k3@draft_ahead=true+speculative-draft-attention-backend=triton \
+        faser-k3+speculative-draft-attention-backend=triton no-spec} \
         --concurrency ${HOST_CONCURRENCY:-1 4 16} --max-new-tokens ${MAX_NEW_TOKENS:-800} --server-args '$SERVER_FLAGS \
         --cuda-graph-max-bs 64 --max-running-requests 64 --mem-fraction-static 0.8 --max-total-tokens 100000' \
         2>&1 | grep --line-buffered -v '^\[20'; touch $RES/period.done"

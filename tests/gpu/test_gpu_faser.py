@@ -326,9 +326,13 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
     _record({"test": "identity_draft_steps", "variant": variant, "policy": policy, "graph_bs": graph_bs, **how,
              "chains_fed_the_catchup": fed})  # fmt: skip
     assert drafted > 0 and accepted == drafted
-    assert how["graph"] > 0 and how["loop"] == 0 and fed > 0
+    assert how["graph"] > 0 and how["loop"] == 0
     if config.get("draft_ahead"):
+        # A step drafts for itself where the last one launched no chain, mostly because a
+        # row lagged more than MAX_FORCED_GAP tokens: its catch-up is a forward of its own.
         assert how["ahead"] > 0
+    else:
+        assert fed > 0
     if graph_bs is not None:
         assert how["chain"] > 0, "no chain ran past the captured batch sizes"
     if policy == "random":
