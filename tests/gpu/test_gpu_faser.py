@@ -269,6 +269,7 @@ def test_tp2_greedy_equals_no_spec(policy, gpu_models, logit_ulp, tmp_path):
         ("flashinfer-bf16-graphs", "random", 8),
         ("triton-bf16-graphs", "random", None),
         ("flashinfer-bf16-graphs-draft-triton", "random", None),
+        ("flashinfer-bf16-graphs-draft-triton-ahead", "fixed", None),
         ("flashinfer-bf16-graphs-draft-triton-ahead", "random", None),
     ],
 )
@@ -282,7 +283,9 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
     decode graphs of at most 8 rows a catch-up of 9-64 tokens replays them in pieces,
     and chains over more than 8 rows run eagerly. The FlashInfer servers with random
     lengths then serve sampling requests too (``_check_sampled_chains``). Drafting ahead,
-    chains replay behind the accept from the device's lengths alone."""
+    chains replay behind the accept from the device's lengths alone: with the fixed
+    policy nearly every step after a request's first draft, with random lengths the
+    steps after which no drafting row lags more than one token."""
     trace = tmp_path / "trace.jsonl"
     config = CONFIGS.get(variant, {})
     env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7, **config)
