@@ -141,12 +141,17 @@ def sampled_mix_with_bias(greedy_outputs: list[list[int]]) -> tuple[dict, ...]:
     return (*SAMPLED_MIX, {"temperature": 0, "logit_bias": bias}, {"temperature": 0.9, "logit_bias": bias})
 
 
+def ids(outputs: list[dict]) -> list[list[int]]:
+    """The output token ids of /generate responses."""
+    return [o["output_ids"] for o in outputs]
+
+
 def generate_sampled_mix(base_url: str, max_new_tokens: int = 40) -> list[dict]:
     """Every prompt of PROMPTS as a request of its own, all at once, with the parameters
     of ``sampled_mix_with_bias`` in turn (its bias from 16 greedy tokens of each prompt),
     ignoring EOS: sampling, greedy and logit-biased requests in one batch."""
     greedy = generate(base_url, PROMPTS, {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True})
-    mix = sampled_mix_with_bias([o["output_ids"] for o in greedy])
+    mix = sampled_mix_with_bias(ids(greedy))
     params = [{**mix[i % len(mix)], "max_new_tokens": max_new_tokens, "ignore_eos": True} for i in range(len(PROMPTS))]
     return generate_each(base_url, PROMPTS, params)
 

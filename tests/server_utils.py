@@ -81,7 +81,6 @@ def generate(
         return list(pool.map(one, prompts_or_input_ids))
 
 
-
 def generate_each(
     base_url: str, prompts: Sequence[str | Sequence[int]], params: Sequence[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
@@ -90,6 +89,7 @@ def generate_each(
     with ThreadPoolExecutor(max_workers=max(1, len(prompts))) as pool:
         futures = [pool.submit(generate, base_url, [p], q) for p, q in zip(prompts, params, strict=True)]
         return [f.result()[0] for f in futures]
+
 
 def used_kv_tokens(base_url: str) -> int:
     """KV slots a server holds for requests (its radix cache flushed first)."""

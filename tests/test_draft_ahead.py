@@ -23,6 +23,7 @@ from conftest import (
     assert_tokens_follow_target,
     catchup_gaps,
     generate_sampled_mix,
+    ids,
     read_trace,
     write_faser_config,
 )
@@ -176,10 +177,6 @@ def test_startup_refuses_drafting_ahead_it_cannot_serve(tmp_path, monkeypatch, e
 
 def launch_faser(target, draft, env: dict[str, str], *extra_args: str):
     return launch_server(target, *faser_flags(draft, K_MAX), *extra_args, env=env)
-
-
-def ids(outputs: list[dict]) -> list[list[int]]:
-    return [o["output_ids"] for o in outputs]
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from conftest import (
     assert_tokens_follow_target,
     catchup_gaps,
     generate_sampled_mix,
+    ids,
     load_script,
     read_trace,
     write_faser_config,
@@ -62,10 +63,6 @@ def faser(tiny_models, faser_trace, tmp_path_factory, timelines):
     env[TIMELINE_ENV] = str(timelines / "faser")
     with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
         yield server
-
-
-def ids(outputs: list[dict]) -> list[list[int]]:
-    return [o["output_ids"] for o in outputs]
 
 
 def test_greedy_equals_no_speculation_with_varying_lengths(nospec, faser, faser_trace):
