@@ -30,7 +30,13 @@ from conftest import (
 from faser_sglang import kv_reserve
 from faser_sglang.config import FaserConfig
 from faser_sglang.spec_worker.adaptive.cost_model import CostKey, write_cost_entry
-from faser_sglang.spec_worker.draft_ahead import AheadDrafts, forced_gap_bounds, predicted_context, upper_seq_lens
+from faser_sglang.spec_worker.draft_ahead import (
+    AheadDrafts,
+    forced_gap_bounds,
+    predicted_context,
+    rows_to_catch_up,
+    upper_seq_lens,
+)
 from faser_sglang.spec_worker.policy import StepContext
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.validation import validate_server_args
@@ -57,6 +63,17 @@ def test_forced_gap_bounds():
     # A chain row that drafted the longest (k = e) lags 1 if all were accepted; a shorter
     # one never lags; a plain row (k = 0) lags exactly 1 + its current lag.
     assert forced_gap_bounds([3, 1, 0, 0], [10, 10, 10, 10], [13, 13, 10, 9]) == [1, 0, 1, 2]
+
+
+def test_rows_to_catch_up_are_rows_back_from_plain_steps():
+    # Row 1 sat out steps (3 committed tokens unseen by the draft, 4 after this step) and
+    # drafts next: caught up ahead. Row 0's draft is current, so it will lag one token,
+    # which the chain feeds; row 2 drafted this step (at most one token behind after it);
+    # row 3 lags but does not draft next.
+    assert rows_to_catch_up([0, 0, 3, 0], [10, 10, 10, 10], [10, 7, 13, 5], [2, 2, 2, 0]) == [1]
+    assert rows_to_catch_up([0, 0], [10, 10], [0, 10], [3, 3]) == [0]  # a lazily prefilled request
+    assert rows_to_catch_up([0, 0], [10, 10], [10, 9], [3, 3]) == [1]  # two plain steps in a row
+    assert rows_to_catch_up([3, 1], [10, 10], [13, 11], [3, 3]) == []
 
 
 def test_predicted_context_bounds_the_next_step():
@@ -205,7 +222,9 @@ def test_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path, pol
     derived from the accept lengths (a row that accepted every draft of the chain's
     longest length lags one token, the others none), and drafted the right tokens for
     rows of different lengths. With random lengths (k = 0 included) rows that sat out
-    steps lag further: their steps draft for themselves, then drafting ahead resumes."""
+    steps lag further; the step before the one that drafts them catches them up, so
+    only a step after a plain one (nobody drafted: no chain was queued) or after a
+    prefill drafts for itself."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(
         tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7, draft_ahead=True
@@ -224,6 +243,10 @@ def test_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path, pol
         assert any(len({k for k in s["draft_lens"] if k}) > 1 for s in ahead)
     else:  # rows that lag 0 and 1 tokens in one chain drafted ahead
         assert any(set(catchup_gaps([s])) == {0, 1} for s in ahead)
+        # Rows back after sitting out steps were caught up at the end of the step
+        # before, and the next step verified drafts made ahead for them.
+        assert any(s.get("ahead_catchup_rows") and n.get("draft_steps") == "ahead" for s, n in zip(steps, steps[1:]))
+        assert how["ahead"] > how["chain"] + how["none"], how
 
 
 @pytest.mark.server

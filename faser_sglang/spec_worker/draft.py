@@ -152,6 +152,22 @@ class DraftPhase:
             steps = "graph" if self.chains.graphed(len(active), sampled=rows is not None) else "chain"
         return DraftOutput(tokens, probs, new_kv_lens, forwards, steps)
 
+    def catch_up_ahead(
+        self,
+        batch: ScheduleBatch,
+        rows: list[int],  # rows that drafted nothing this step (draft_ahead.rows_to_catch_up)
+        seq_lens: Sequence[int],  # [bs] this step's committed lengths L
+        draft_kv_lens: Sequence[int],  # [bs] draft KV fill after this step's draft phase
+        history: TokenHistory,
+    ) -> list[int]:
+        """At the end of a step, feed ``rows`` the committed tokens their draft KV lacks
+        and this step's bonus token (positions b .. L; the history holds them), so a
+        chain drafted ahead starts them at L + 1, their next committed length: the [bs]
+        draft KV fill after it."""
+        self._catch_up(batch, rows, list(seq_lens), draft_kv_lens, history)
+        caught_up = set(rows)
+        return [n + 1 if i in caught_up else d for i, (n, d) in enumerate(zip(seq_lens, draft_kv_lens))]
+
     def _chain_from_committed(
         self,
         batch: ScheduleBatch,

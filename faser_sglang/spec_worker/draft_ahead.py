@@ -18,6 +18,11 @@ What the host does not know at that point, and how the chain does without it:
   bound, so it lags g_i = max(0, a_i + 1 - e_i) committed tokens, at most max(0, k_i + 1 - e_i).
   The device computes g_i and s_i = L'_i - g_i from the accept lengths; the host only
   needs the bound G = max g_i <= MAX_FORCED_GAP for the chain's M = G + max k' forwards.
+  A row that drafted this step lags at most one token (the chain fed it to the step's
+  longest draft). One that did not (k_i = 0: back after plain steps, or a lazily
+  prefilled request's first draft) may lag by many, but its L'_i = L_i + 1 is known to
+  the host, so before the chain a catch-up with host lengths feeds it positions
+  b_i .. L_i (``rows_to_catch_up``) and it starts the chain with no gap.
 - attention over lengths the host lacks: a multi-step backend that plans with kernels
   (Triton's; on the CPU the device's lengths are the host's). FlashInfer's is planned
   from host lengths, so ``draft_ahead`` needs ``--speculative-draft-attention-backend
@@ -139,6 +144,25 @@ def forced_gap_bounds(lengths: Sequence[int], seq_lens: Sequence[int], kv_bound:
     return [max(0, k + 1 - (b - n)) for k, n, b in zip(lengths, seq_lens, kv_bound)]
 
 
+def rows_to_catch_up(
+    lengths: Sequence[int], seq_lens: Sequence[int], kv_bound: Sequence[int], next_lengths: Sequence[int]
+) -> list[int]:
+    """Rows the next step drafts whose draft KV could lag it by more than
+    MAX_FORCED_GAP (a request back after plain steps, a lazily prefilled one's first
+    draft). Each drafted nothing this step (a drafting row lags at most one token, see
+    ``forced_gap_bounds``), so its next committed length is L + 1, known here, and its
+    catch-up (positions b .. L: the committed tokens its draft lacks and this step's
+    bonus) can run before the chain (DraftPhase.catch_up_ahead), leaving it no gap.
+
+    k [0, 0, 3, 0], k' [2, 2, 2, 0], L [10, 10, 10, 10], b [10, 7, 13, 5] -> [1]"""
+    gaps = forced_gap_bounds(lengths, seq_lens, kv_bound)
+    return [
+        i
+        for i, (k, k_next, g) in enumerate(zip(lengths, next_lengths, gaps))
+        if k == 0 and k_next > 0 and g > MAX_FORCED_GAP
+    ]
+
+
 class DraftAhead:
     """Launches the next step's chain (``launch``) and hands its drafts to the step
     (``drafts_for``)."""
@@ -162,9 +186,10 @@ class DraftAhead:
         new_seq_lens: torch.Tensor,  # [bs] L' on the device
     ) -> Optional[AheadDrafts]:
         """Queue the next step's chain; None where it cannot run ahead (no row drafts, a
-        row lags more than MAX_FORCED_GAP, or no chain serves the rows from the device's
-        lengths). Rows that sample or carry a logit bias draft through the sampled chain,
-        which keeps each draft's q for the next step's rejection sampling."""
+        row lags more than MAX_FORCED_GAP, which ``rows_to_catch_up`` leaves none doing,
+        or no chain serves the rows from the device's lengths). Rows that sample or
+        carry a logit bias draft through the sampled chain, which keeps each draft's q
+        for the next step's rejection sampling."""
         rows = [i for i, k in enumerate(next_lengths) if k > 0]
         if not rows:
             return None

@@ -57,6 +57,7 @@ from faser_sglang.spec_worker.draft_ahead import (
     DraftAhead,
     drafts_ahead,
     predicted_context,
+    rows_to_catch_up,
     upper_seq_lens,
 )
 from faser_sglang.spec_worker.draft_model import DraftModel
@@ -271,13 +272,17 @@ class FaserWorker(BaseSpecWorker):
         last = result.tokens.gather(1, (accept_lens - 1).long().unsqueeze(1)).squeeze(1)  # [bs] next bonus
         clock.mark("accept")
         self._pending = PendingStep.of(rids, seq_lens, draft_kv_lens, lengths, result.accept_lens, started, clock)
-        # Draft KV is valid up to the committed length it was fed (FaserDraftState).
-        next_state = FaserDraftState(drafts.draft_kv_lens, last)
+        kv_bound, ahead = drafts.draft_kv_lens, None
         phase_left = False
         if self.ahead is not None and drafts_ahead(batch):
             ranges.begin("ahead")  # queued behind the accept, before any wait for it
-            next_state.ahead = self._draft_ahead(batch, sampling, rids, context, lengths, drafts, result, new_seq_lens)
+            kv_bound, ahead = self._draft_ahead(
+                batch, sampling, rids, context, lengths, drafts, result, new_seq_lens, clock
+            )
             phase_left = True
+        # Draft KV is valid up to the committed length it was fed (FaserDraftState).
+        next_state = FaserDraftState(kv_bound, last)
+        next_state.ahead = ahead
         if not self.overlap:
             ranges.begin("settle")
             self._settle()  # the synchronous schedule waits for this step's results anyway
@@ -307,20 +312,31 @@ class FaserWorker(BaseSpecWorker):
         drafts: DraftOutput,
         result: AcceptResult,
         new_seq_lens: torch.Tensor,  # [bs]
-    ) -> Optional[AheadDrafts]:
+        clock: PhaseClock,
+    ) -> tuple[list[int], Optional[AheadDrafts]]:
         """Choose the next step's lengths and queue its chain behind this step's accept
-        (draft_ahead.py); None where the next step drafts for itself."""
+        (draft_ahead.py), after the catch-up of rows it drafts that lag further than the
+        chain feeds: the [bs] draft KV bound after both, and the drafts (None where the
+        next step drafts for itself)."""
         upper = upper_seq_lens(context.seq_lens, lengths)
         predicted = predicted_context(context, upper, drafts.draft_kv_lens, remaining_tokens(batch.reqs, upper))
         chosen = cap_to_remaining(self.policy.choose(rids, self.k_max, predicted), predicted.remaining_tokens)
         next_lengths = self.agreement.lengths(fit_token_budget(chosen, predicted.max_verify_tokens))
+        kv_bound = drafts.draft_kv_lens
+        behind = rows_to_catch_up(lengths, context.seq_lens, kv_bound, next_lengths)
+        if behind:
+            with annotate("draft.ahead_catchup"):
+                kv_bound = self.draft_phase.catch_up_ahead(batch, behind, context.seq_lens, kv_bound, self.history)
+            clock.label("ahead_catchup_rows", len(behind))
+            # Committed tokens the draft had not seen at the next step, as catchup_gaps reads a trace.
+            clock.label("ahead_catchup_gap", max(context.seq_lens[i] + 1 - drafts.draft_kv_lens[i] for i in behind))
         ahead = self.ahead.launch(
-            batch, sampling, self.generator, context.seq_lens, lengths, drafts.draft_kv_lens, next_lengths,
+            batch, sampling, self.generator, context.seq_lens, lengths, kv_bound, next_lengths,
             result.accept_lens, new_seq_lens,
         )  # fmt: skip
         if ahead is not None:
             self.agreement.tokens(ahead.tokens)
-        return ahead
+        return kv_bound, ahead
 
     def _plain_step(
         self,
