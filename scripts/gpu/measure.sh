@@ -34,6 +34,9 @@
 #                                                            HOST_CONCURRENCY) on full-depth shape twins of the
 #                                                            preset: the pair's forward costs, every draft
 #                                                            accepted, no GGUF (scripts/profile_host.py; GPU 0)
+#                                                            PERIOD_MAX_BS (default 64) caps the running
+#                                                            requests and the decode graphs, so the verify's
+#                                                            token budget: 64 - C drafts per step at C requests
 #   period-wait                                              wait for "period" (at most WAIT s)
 # On one GPU the tests run in the background of call 1 (TESTS_K selects them, e.g.
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
@@ -252,6 +255,8 @@ case ${1:?call: 1|2|3|4} in
            # the call waits at most WAIT s, "period-wait" waits more
     [[ -d $TINY/target ]] || python3 scripts/build_models.py tiny $TINY/target >/dev/null
     rm -f $RES/period.done
+    PERIOD_MAX_BS=${PERIOD_MAX_BS:-64}
+    PERIOD_TOKENS=$(( PERIOD_MAX_BS * 900 > 100000 ? PERIOD_MAX_BS * 900 : 100000 ))  # 800 new tokens a request
     background period "python3 scripts/build_models.py twins $TINY/target /tmp/faser-deep --preset $PAIR_PRESET \
         --full-depth >/dev/null
       while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself
@@ -259,8 +264,8 @@ case ${1:?call: 1|2|3|4} in
         --draft /tmp/faser-deep/draft --out $RES/period --contenders ${CONTENDERS:-faser-k3@draft_ahead=true+speculative-draft-attention-backend=triton \
         faser-k3+speculative-draft-attention-backend=triton no-spec} \
         --concurrency ${HOST_CONCURRENCY:-1 4 16} --max-new-tokens ${MAX_NEW_TOKENS:-800} --server-args '$SERVER_FLAGS \
-        --cuda-graph-max-bs 64 --max-running-requests 64 --mem-fraction-static 0.8 --max-total-tokens 100000' \
-        2>&1 | grep --line-buffered -v '^\[20'; touch $RES/period.done"
+        --cuda-graph-max-bs $PERIOD_MAX_BS --max-running-requests $PERIOD_MAX_BS --mem-fraction-static 0.8 \
+        --max-total-tokens $PERIOD_TOKENS' 2>&1 | grep --line-buffered -v '^\[20'; touch $RES/period.done"
     wait_for period.done; tail -12 $RES/period.log ;;
   period-wait)
     wait_for period.done; tail -12 $RES/period.log ;;
