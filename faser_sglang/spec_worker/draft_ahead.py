@@ -50,7 +50,7 @@ for a FASER server that drafts ahead.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -184,12 +184,13 @@ class DraftAhead:
         next_lengths: Sequence[int],  # [bs] k' the policy chose for the next step
         accept_lens: torch.Tensor,  # [bs] this step's accepted drafts + 1, on the device
         new_seq_lens: torch.Tensor,  # [bs] L' on the device
+        catch_up: Callable[[list[int], Sequence[int]], Sequence[int]],  # (rows, kv_bound) -> kv_bound after
     ) -> Optional[AheadDrafts]:
-        """Queue the next step's chain; None where it cannot run ahead (no row drafts, a
-        row lags more than MAX_FORCED_GAP, which ``rows_to_catch_up`` leaves none doing,
-        or no chain serves the rows from the device's lengths). Rows that sample or
-        carry a logit bias draft through the sampled chain, which keeps each draft's q
-        for the next step's rejection sampling."""
+        """Queue the next step's chain, first catching up the rows ``rows_to_catch_up``
+        names; None where it cannot run ahead (no row drafts, a row still lags more than
+        MAX_FORCED_GAP, or no chain serves the rows from the device's lengths). Rows
+        that sample or carry a logit bias draft through the sampled chain, which keeps
+        each draft's q for the next step's rejection sampling."""
         rows = [i for i, k in enumerate(next_lengths) if k > 0]
         if not rows:
             return None
@@ -197,6 +198,9 @@ class DraftAhead:
         n = len(rows)
         if not self.chains.serves(n, plain) or not self.chains.plans_on_device(n, sampled=not plain):
             return None
+        behind = rows_to_catch_up(lengths, seq_lens, kv_bound, next_lengths)
+        if behind:
+            kv_bound = catch_up(behind, kv_bound)
         gaps_bound = forced_gap_bounds(lengths, seq_lens, kv_bound)
         widest = max(gaps_bound[i] for i in rows)
         if widest > MAX_FORCED_GAP:  # its catch-up runs in the next step itself

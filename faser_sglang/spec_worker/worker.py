@@ -57,7 +57,6 @@ from faser_sglang.spec_worker.draft_ahead import (
     DraftAhead,
     drafts_ahead,
     predicted_context,
-    rows_to_catch_up,
     upper_seq_lens,
 )
 from faser_sglang.spec_worker.draft_model import DraftModel
@@ -272,17 +271,15 @@ class FaserWorker(BaseSpecWorker):
         last = result.tokens.gather(1, (accept_lens - 1).long().unsqueeze(1)).squeeze(1)  # [bs] next bonus
         clock.mark("accept")
         self._pending = PendingStep.of(rids, seq_lens, draft_kv_lens, lengths, result.accept_lens, started, clock)
-        kv_bound, ahead = drafts.draft_kv_lens, None
+        # Draft KV is valid up to the committed length it was fed (FaserDraftState).
+        next_state = FaserDraftState(drafts.draft_kv_lens, last)
         phase_left = False
         if self.ahead is not None and drafts_ahead(batch):
             ranges.begin("ahead")  # queued behind the accept, before any wait for it
-            kv_bound, ahead = self._draft_ahead(
+            next_state.ahead = self._draft_ahead(
                 batch, sampling, rids, context, lengths, drafts, result, new_seq_lens, clock
             )
             phase_left = True
-        # Draft KV is valid up to the committed length it was fed (FaserDraftState).
-        next_state = FaserDraftState(kv_bound, last)
-        next_state.ahead = ahead
         if not self.overlap:
             ranges.begin("settle")
             self._settle()  # the synchronous schedule waits for this step's results anyway
@@ -313,30 +310,33 @@ class FaserWorker(BaseSpecWorker):
         result: AcceptResult,
         new_seq_lens: torch.Tensor,  # [bs]
         clock: PhaseClock,
-    ) -> tuple[list[int], Optional[AheadDrafts]]:
+    ) -> Optional[AheadDrafts]:
         """Choose the next step's lengths and queue its chain behind this step's accept
-        (draft_ahead.py), after the catch-up of rows it drafts that lag further than the
-        chain feeds: the [bs] draft KV bound after both, and the drafts (None where the
-        next step drafts for itself)."""
+        (draft_ahead.py); None where the next step drafts for itself.
+
+        Rows the chain starts after a catch-up of their own (draft_ahead.rows_to_catch_up)
+        keep their older draft KV bound in the state: the next step's context then shows
+        the gap that catch-up closed, so the cost model prices it in the step it serves
+        (as the chain it precedes), and a next step that cannot use the drafts (a
+        logprob request joined) feeds those tokens again."""
         upper = upper_seq_lens(context.seq_lens, lengths)
         predicted = predicted_context(context, upper, drafts.draft_kv_lens, remaining_tokens(batch.reqs, upper))
         chosen = cap_to_remaining(self.policy.choose(rids, self.k_max, predicted), predicted.remaining_tokens)
         next_lengths = self.agreement.lengths(fit_token_budget(chosen, predicted.max_verify_tokens))
-        kv_bound = drafts.draft_kv_lens
-        behind = rows_to_catch_up(lengths, context.seq_lens, kv_bound, next_lengths)
-        if behind:
+
+        def catch_up(rows: list[int], kv_bound: Sequence[int]) -> list[int]:
             with annotate("draft.ahead_catchup"):
-                kv_bound = self.draft_phase.catch_up_ahead(batch, behind, context.seq_lens, kv_bound, self.history)
-            clock.label("ahead_catchup_rows", len(behind))
-            # Committed tokens the draft had not seen at the next step, as catchup_gaps reads a trace.
-            clock.label("ahead_catchup_gap", max(context.seq_lens[i] + 1 - drafts.draft_kv_lens[i] for i in behind))
+                bound = self.draft_phase.catch_up_ahead(batch, rows, context.seq_lens, kv_bound, self.history)
+            clock.label("ahead_catchup_rows", len(rows))
+            return bound
+
         ahead = self.ahead.launch(
-            batch, sampling, self.generator, context.seq_lens, lengths, kv_bound, next_lengths,
-            result.accept_lens, new_seq_lens,
+            batch, sampling, self.generator, context.seq_lens, lengths, drafts.draft_kv_lens, next_lengths,
+            result.accept_lens, new_seq_lens, catch_up,
         )  # fmt: skip
         if ahead is not None:
             self.agreement.tokens(ahead.tokens)
-        return kv_bound, ahead
+        return ahead
 
     def _plain_step(
         self,
