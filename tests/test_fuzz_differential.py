@@ -1,4 +1,5 @@
-"""Seeded differential fuzzing: FASER against the same target without speculation.
+"""Seeded differential fuzzing: FASER against the same target without speculation, with
+FASER's defaults and drafting ahead with random lengths.
 
 Each seed generates random ``/generate`` requests (token-id and text prompts of 1..300
 tokens, 1..64 new tokens, random ``ignore_eos``, stop strings, stop token ids,
@@ -19,6 +20,7 @@ import os
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +28,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
+from conftest import read_trace, write_faser_config
 from fuzz_utils import (
     faser_flags,
     outputs_of,
@@ -244,19 +247,26 @@ def vocab(tiny_models) -> Vocabulary:
     return Vocabulary(str(tiny_models.target))
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_models):
-    """(no-spec, FASER) on the same target."""
+@pytest.fixture(scope="module", params=["default", "draft-ahead"])
+def servers(request, tiny_models, tmp_path_factory):
+    """(no-spec, FASER, FASER's step trace or None) on the same target. "draft-ahead":
+    random lengths (k = 0 included) with each step's chain queued at the end of the step
+    before, so rows back after plain steps are caught up there (draft_ahead.py)."""
+    env, trace = None, None
+    if request.param == "draft-ahead":
+        work = tmp_path_factory.mktemp("fuzz-ahead")
+        trace = work / "trace.jsonl"
+        env = write_faser_config(work / "faser.json", policy="random", seed=3, draft_ahead=True, trace_path=str(trace))
     with servers_together(
         lambda: launch_server(tiny_models.target),
-        lambda: launch_server(tiny_models.target, *faser_flags(tiny_models.draft, K_MAX)),
+        lambda: launch_server(tiny_models.target, *faser_flags(tiny_models.draft, K_MAX), env=env),
     ) as pair:
-        yield pair
+        yield (*pair, trace)
 
 
 @pytest.mark.parametrize("seed", SEEDS, ids=[f"seed{s}" for s in SEEDS])
 def test_faser_matches_no_speculation(seed: int, vocab: Vocabulary, servers) -> None:
-    nospec, faser = servers
+    nospec, faser, _ = servers
     cases = [make_case(seed, i, vocab) for i in range(CASES_PER_SEED)]
     reference = run_round(nospec.base_url, cases)
     got = run_round(faser.base_url, cases)
@@ -268,3 +278,15 @@ def test_faser_matches_no_speculation(seed: int, vocab: Vocabulary, servers) -> 
     if failures:
         print("\n".join(failures))
     assert not failures, f"{len(failures)} problem(s):\n" + "\n".join(failures)
+
+
+def test_fuzzed_traffic_verified_drafts_made_ahead(servers) -> None:
+    """After its server's seeds (pytest runs a module fixture's tests param by param, in
+    file order): with drafting ahead, the fuzzed traffic verified drafts made ahead, so
+    the seeds above checked those steps against no-spec. (Rows caught up ahead are rare
+    in this short traffic: tests/test_draft_ahead.py covers them.)"""
+    *_, trace = servers
+    if trace is None:
+        pytest.skip("FASER's defaults do not draft ahead")
+    how = Counter(s.get("draft_steps") for s in read_trace(trace))
+    assert how["ahead"] > 0, how
