@@ -293,10 +293,11 @@ def test_sampled_tokens_drafted_ahead_follow_target_distribution(tiny_models, tm
     ids=["adaptive-overlap", "fixed-synchronous"],
 )
 def test_greedy_equals_no_speculation_drafting_ahead(tiny_models, tmp_path, reference, policy, server_args):
-    """The adaptive policy chooses the lengths drafted ahead from the predicted context,
-    priced by the 13.5B pair's H200 costs so that drafting pays (lazy draft prefill: a
-    request's first drafting step catches its prompt up itself, then drafting ahead takes
-    over); the fixed one on SGLang's synchronous schedule."""
+    """The adaptive policy (with step calibration) chooses the lengths drafted ahead from
+    the predicted context, priced by the 13.5B pair's H200 costs so that drafting pays
+    (lazy draft prefill: a request's first draft catches its prompt up at the end of the
+    step before, then the chain drafted ahead takes over); the fixed one on SGLang's
+    synchronous schedule."""
     trace = tmp_path / "trace.jsonl"
     fields = {}
     if policy == "adaptive":
@@ -304,6 +305,7 @@ def test_greedy_equals_no_speculation_drafting_ahead(tiny_models, tmp_path, refe
         key = CostKey.of("cpu", str(tiny_models.target), str(tiny_models.draft), "intel_amx", "float32")
         write_cost_entry(costs, key, H200_14B)
         fields["cost_model_path"] = str(costs)
+        fields["step_calibration"] = True  # as the A/B's FASER-AD drafting ahead runs
     env = write_faser_config(
         tmp_path / "faser.json", policy=policy, trace_path=str(trace), draft_ahead=True, **fields
     )
@@ -312,6 +314,8 @@ def test_greedy_equals_no_speculation_drafting_ahead(tiny_models, tmp_path, refe
     steps = read_trace(trace)
     how = Counter(s.get("draft_steps") for s in steps)
     assert how["ahead"] > 0, how
+    if policy == "adaptive":  # prompts caught up ahead, lazily prefilled
+        assert any(s.get("ahead_catchup_rows") for s in steps)
 
 
 @pytest.fixture(scope="module")
