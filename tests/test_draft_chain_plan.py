@@ -1,5 +1,6 @@
 """The draft chain's host-side KV pointers (draft_chain.chain_kv_indptr) against the
-KV indices SGLang's own kernel lays out, run in Triton's CPU interpreter."""
+KV indices SGLang's own kernel lays out, run in Triton's CPU interpreter; and the
+message a chain capture that runs out of device memory stops the server with."""
 
 from __future__ import annotations
 
@@ -7,9 +8,12 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import pytest
 import torch
 
+from faser_sglang.spec_worker import draft_chain
 from faser_sglang.spec_worker.chain_backends import chain_kv_indptr
 
 # A graph replay's batch: three real rows padded to five, as EAGLEDraftCudaGraphRunner
@@ -69,3 +73,22 @@ def test_host_pointers_match_sglang_kernel_and_its_index_layout():
     # ...which the kernel's own pointers for padding rows do not (it reads positions,
     # 0 there): hence the host pointers are copied over the kernel's.
     assert not torch.equal(ours[:, REAL_ROWS + 1 :], kernel_indptr[:, REAL_ROWS + 1 :].to(torch.int32))
+
+
+def test_chain_capture_out_of_memory_names_the_fix(monkeypatch):
+    """Running out of device memory while capturing the chains (outside SGLang's memory
+    plan) stops the server with the flags and FASER settings that leave them room."""
+    def capture(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(draft_chain, "DraftChains", capture)
+    server_args = SimpleNamespace(
+        device="cpu", disable_cuda_graph=True, mem_fraction_static=0.88,
+        cuda_graph_config=SimpleNamespace(decode=SimpleNamespace(max_bs=128)),
+    )  # fmt: skip
+    with pytest.raises(RuntimeError) as info:
+        draft_chain.build_draft_chains(server_args, None, 4, enabled=True, sampled=True)
+    message = str(info.value)
+    assert "ran out of GPU memory capturing the draft chains" in message
+    assert "--mem-fraction-static (now 0.88)" in message and "--cuda-graph-max-bs-decode (now 128)" in message
+    assert '"sampled_chain": false' in message and '"draft_chain": false' in message

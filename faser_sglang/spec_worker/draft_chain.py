@@ -357,6 +357,8 @@ def build_draft_chains(
     except ValueError as e:  # SGLang names an attention backend it has no draft backend for
         logger.info("FASER draft steps: one forward per step (%s)", e)
         return None
+    except torch.cuda.OutOfMemoryError as e:
+        raise RuntimeError(out_of_memory_message(server_args, sampled)) from e
     taken = "" if free is None else f", {(free - _free_device_memory(server_args.device)) / 2**30:.2f} GiB"
     if not graphs:
         replays = "eager (no decode CUDA graphs)"
@@ -376,6 +378,19 @@ def build_draft_chains(
         taken,
     )
     return chains
+
+
+def out_of_memory_message(server_args, sampled: bool) -> str:
+    """What to change when capturing the chains ran out of device memory: they are
+    allocated after SGLang's KV pool, in the memory it leaves for activations and graphs."""
+    lighter = '"sampled_chain": false or "draft_chain": false' if sampled else '"draft_chain": false'
+    return (
+        "FASER ran out of GPU memory capturing the draft chains' CUDA graphs, which are allocated after "
+        "SGLang's KV pool, outside its memory plan. Leave them more room: lower --mem-fraction-static "
+        f"(now {server_args.mem_fraction_static}) or --cuda-graph-max-bs-decode "
+        f"(now {server_args.cuda_graph_config.decode.max_bs}), "
+        f"or set {lighter} in the FASER config."
+    )
 
 
 def _free_device_memory(device: str) -> Optional[int]:
