@@ -289,17 +289,18 @@ def test_sampled_tokens_drafted_ahead_follow_target_distribution(tiny_models, tm
 @pytest.mark.server
 @pytest.mark.parametrize(
     "policy, server_args",
-    [("adaptive", ()), ("fixed", ("--disable-overlap-schedule",))],
-    ids=["adaptive-overlap", "fixed-synchronous"],
+    [("adaptive", ()), ("fixed", ("--disable-overlap-schedule",)), ("random", ("--disable-overlap-schedule",))],
+    ids=["adaptive-overlap", "fixed-synchronous", "random-synchronous"],
 )
 def test_greedy_equals_no_speculation_drafting_ahead(tiny_models, tmp_path, reference, policy, server_args):
     """The adaptive policy (with step calibration) chooses the lengths drafted ahead from
     the predicted context, priced by the 13.5B pair's H200 costs so that drafting pays
-    (lazy draft prefill: a request's first draft catches its prompt up at the end of the
-    step before, then the chain drafted ahead takes over); the fixed one on SGLang's
-    synchronous schedule."""
+    (lazy draft prefill: a request's first draft catches its prompt up, then the chain
+    drafted ahead takes over); the fixed one on SGLang's synchronous schedule; random
+    lengths (k = 0 included) there too, so rows back after plain steps are caught up
+    at the end of the step before."""
     trace = tmp_path / "trace.jsonl"
-    fields = {}
+    fields = {"seed": 5} if policy == "random" else {}
     if policy == "adaptive":
         costs = tmp_path / "costs.json"
         key = CostKey.of("cpu", str(tiny_models.target), str(tiny_models.draft), "intel_amx", "float32")
@@ -314,7 +315,7 @@ def test_greedy_equals_no_speculation_drafting_ahead(tiny_models, tmp_path, refe
     steps = read_trace(trace)
     how = Counter(s.get("draft_steps") for s in steps)
     assert how["ahead"] > 0, how
-    if policy == "adaptive":  # prompts caught up ahead, lazily prefilled
+    if policy == "random":
         assert any(s.get("ahead_catchup_rows") for s in steps)
 
 
