@@ -247,7 +247,9 @@ def test_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path, pol
         # caught up at the end of the step before, and the next step verified drafts
         # made ahead for them.
         assert any(
-            s.get("ahead_catchup_rows") and n.get("draft_steps") == "ahead" and max(catchup_gaps([n]), default=0) > kv_reserve.MAX_FORCED_GAP
+            s.get("ahead_catchup_rows")
+            and n.get("draft_steps") == "ahead"
+            and max(catchup_gaps([n]), default=0) > kv_reserve.MAX_FORCED_GAP
             for s, n in zip(steps, steps[1:])
         )
         assert how["ahead"] > how["chain"] + how["none"], how
