@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer, LlamaForCausalLM
@@ -156,6 +157,25 @@ def generate_sampled_mix(base_url: str, max_new_tokens: int = 40) -> list[dict]:
     return generate_each(base_url, PROMPTS, params)
 
 
+def multinomial_chisquare_pvalue(observed: np.ndarray, probs: np.ndarray, draws: int = 20_000) -> float:
+    """P-value of Pearson's statistic for ``observed`` counts [cells] under a multinomial
+    with cell ``probs`` [cells]. A few hundred tokens over a marginal several tokens deep
+    leave a long tail of cells expected far below once each, where one token in a cell
+    expected 0.001 times adds 1000 to the statistic: the tail is pooled into one cell
+    (each cell kept on its own is expected >= 5 times), and the p-value comes from
+    ``draws`` seeded multinomial samples rather than the chi-square law."""
+    n = int(observed.sum())
+    tail = probs * n < 5
+    if tail.any():
+        observed = np.append(observed[~tail], observed[tail].sum())
+        probs = np.append(probs[~tail], probs[tail].sum())
+    expected = probs * n
+    stat = float(((observed - expected) ** 2 / expected).sum())
+    sims = np.random.default_rng(0).multinomial(n, probs, size=draws)
+    exceed = int((((sims - expected) ** 2 / expected).sum(axis=1) >= stat).sum())
+    return (1 + exceed) / (1 + draws)
+
+
 def assert_tokens_follow_target(
     tiny_models: TinyModels, base_url: str, positions: tuple[int, ...], max_new_tokens: Optional[int] = None
 ) -> None:
@@ -163,8 +183,6 @@ def assert_tokens_follow_target(
     its exact marginal under the target, summed over every prefix of top-4 tokens
     (transformers). Requests generate ``max_new_tokens`` (default: through the last
     position); a length policy drafts less near a request's end."""
-    from scipy.stats import chisquare
-
     prompt = "def foo(x):"
     new_tokens = max_new_tokens or max(positions) + 1
     params = {"max_new_tokens": new_tokens, "temperature": 0.9, "top_k": 4, "ignore_eos": True}
@@ -197,7 +215,6 @@ def assert_tokens_follow_target(
         support = torch.nonzero(expected > 0).flatten().tolist()
         assert set(samples) <= set(support), f"token {j} outside the target's support"
         counts = Counter(samples)
-        observed = [counts.get(t, 0) for t in support]
-        probs = expected[support].double()
-        exp = (probs / probs.sum() * len(samples)).tolist()
-        assert chisquare(observed, exp).pvalue > 1e-3, f"token {j}"
+        observed = np.array([counts.get(t, 0) for t in support])
+        probs = expected[support].double().numpy()
+        assert multinomial_chisquare_pvalue(observed, probs / probs.sum()) > 1e-3, f"token {j}"

@@ -6,8 +6,11 @@ after an accepted draft) with p by a chi-square test. A deliberately broken
 acceptance rule (always accept the draft) must fail the same test.
 """
 
+import numpy as np
 import torch
 from scipy.stats import chisquare
+
+from conftest import multinomial_chisquare_pvalue
 
 from faser_sglang.spec_worker.accept import AcceptResult, accept_sampled
 from faser_sglang.spec_worker.sampling import SamplingRows, sampling_probs
@@ -126,3 +129,20 @@ def test_top_p_after_top_k_matches_the_flashinfer_backend_with_min_p():
                             torch.zeros(1, dtype=torch.bool), None, (False,), top_p_after_top_k=True)  # fmt: skip
         expected = _flashinfer_sequential(torch.softmax(logits[0], -1), k, p, min_p)
         assert torch.allclose(sampling_probs(logits, rows)[0], expected, atol=1e-5)
+
+
+def test_server_chi_square_pools_the_tail_and_keeps_its_level():
+    """The server tests' check: 400 tokens over a marginal whose tail spreads 5% of the
+    mass over 300 cells expected 1e-5 to 0.2 times each. The chi-square law on the raw
+    cells rejects the null far more often than its level (any hit on a cell expected
+    0.001 times reads as p ~ 0); pooled and sampled, the p-values keep the level, and a
+    bulk shifted by 0.15 still reads p < 1e-3."""
+    rng = np.random.default_rng(7)
+    tail = np.logspace(0, -4, 300)
+    probs = np.concatenate([[0.4, 0.3, 0.25], 0.05 * tail / tail.sum()])
+    raw = [chisquare(rng.multinomial(400, probs), probs * 400).pvalue for _ in range(100)]
+    assert sum(p < 1e-3 for p in raw) >= 5
+    pooled = [multinomial_chisquare_pvalue(rng.multinomial(400, probs), probs, draws=2000) for _ in range(100)]
+    assert sum(p < 1e-2 for p in pooled) <= 5
+    shifted = np.concatenate([[0.55, 0.15], probs[2:]])
+    assert all(multinomial_chisquare_pvalue(rng.multinomial(400, shifted), probs) < 1e-3 for _ in range(5))
