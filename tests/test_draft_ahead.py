@@ -222,15 +222,17 @@ def test_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path, pol
     derived from the accept lengths (a row that accepted every draft of the chain's
     longest length lags one token, the others none), and drafted the right tokens for
     rows of different lengths. With random lengths (k = 0 included) rows that sat out
-    steps lag further; the step before the one that drafts them catches them up, so
-    only a step after a plain one (nobody drafted: no chain was queued) or after a
-    prefill drafts for itself."""
+    steps lag further; the step before the one that drafts them catches them up, a
+    plain step (nobody drafted) too, so only a step after a prefill drafts for itself.
+    A request alone then meets plain steps often (each one has k = 0 in 1 of 5 steps)."""
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(
         tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7, draft_ahead=True
     )
     with launch_faser(tiny_models.target, tiny_models.target, env) as server:
         outs = _staggered(server.base_url)
+        if policy == "random":
+            generate(server.base_url, PROMPTS[:1], {**GREEDY, "max_new_tokens": 96})
         log = server.log_tail(2_000_000)
     assert [len(o["output_ids"]) for o in outs] == [24 + 5 * i for i in range(len(PROMPTS))]
     assert f"reserves {kv_reserve.ahead_reserve(K_MAX)} KV slots" in log
@@ -252,23 +254,39 @@ def test_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path, pol
             and max(catchup_gaps([n]), default=0) > kv_reserve.MAX_FORCED_GAP
             for s, n in zip(steps, steps[1:])
         )
+        # A plain step queued the chain of the drafting step after it.
+        assert any(
+            not any(s["draft_lens"]) and n.get("draft_steps") == "ahead" and s["rids"] == n["rids"]
+            for s, n in zip(steps, steps[1:])
+        )
         assert how["ahead"] > how["chain"] + how["none"], how
 
 
 @pytest.mark.server
-def test_sampled_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path):
+@pytest.mark.parametrize("policy", ["fixed", "random"])
+def test_sampled_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path, policy):
     """The tiny target as its own draft, sampling, greedy and logit-biased requests in
     one batch: a sampled draft passes with probability min(1, p(d) / q(d)), 1 only if
     the chain drafted ahead kept the target's own transform of the biased logits at
-    the right positions as q, and carried it to the next step's rejection sampling."""
+    the right positions as q, and carried it to the next step's rejection sampling.
+    With random lengths a sampled request alone then meets plain steps, which queue
+    the sampled chain of the step after them."""
     trace = tmp_path / "trace.jsonl"
-    env = write_faser_config(tmp_path / "faser.json", policy="fixed", trace_path=str(trace), seed=11, draft_ahead=True)
+    env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=11, draft_ahead=True)
     with launch_faser(tiny_models.target, tiny_models.target, env) as server:
         outs = generate_sampled_mix(server.base_url)
+        if policy == "random":
+            alone = {"max_new_tokens": 96, "temperature": 0.9, "top_p": 0.9, "ignore_eos": True}
+            assert len(generate(server.base_url, PROMPTS[:1], alone)[0]["output_ids"]) == 96
     assert all(len(o["output_ids"]) == 40 for o in outs)
     steps = read_trace(trace)
     assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
     assert Counter(s.get("draft_steps") for s in steps)["ahead"] > 0
+    if policy == "random":
+        assert any(
+            not any(s["draft_lens"]) and n.get("draft_steps") == "ahead" and s["rids"] == n["rids"]
+            for s, n in zip(steps, steps[1:])
+        )
 
 
 @pytest.mark.server

@@ -7,10 +7,11 @@ from types import SimpleNamespace
 
 import torch
 
-from faser_sglang.metrics import FaserStats, PhaseClock
-from faser_sglang.spec_worker.policy import Untimed
+from faser_sglang.metrics import FaserStats, PhaseClock, PhaseRanges
+from faser_sglang.spec_worker.policy import StepContext, Untimed
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.token_history import TokenHistory
+from faser_sglang.spec_worker.tp_sync import RankAgreement
 from faser_sglang.spec_worker.worker import FORGET_AFTER_STEPS, FaserWorker, PendingStep
 
 
@@ -74,6 +75,7 @@ def _worker() -> FaserWorker:
     worker._pending = None
     worker._decode_steps = 0
     worker._last_seen = {}
+    worker.ahead = None  # drafting ahead off
     return worker
 
 
@@ -184,7 +186,42 @@ def test_prefill_and_plain_decode_publish_lengths_before_their_forward():
 
     bonus = worker.history.bonus(batch)
     clock = PhaseClock(False, "cpu")
-    step = worker._plain_step(batch, ["a", "b"], [3, 2], [0, 0], bonus, 0.0, clock, on_publish)
+    context = StepContext((3, 2), (0, 0))
+    step = worker._plain_step(batch, ["a", "b"], context, bonus, 0.0, clock, on_publish, PhaseRanges())
     assert forwards.published_at_forward == [1, 2] and published[1] == [4, 3]
     assert step.new_seq_lens.tolist() == [4, 3] and step.accept_lens.tolist() == [1, 1]
     assert worker.history.gather([1, 2], [4, 3]).tolist() == [50, 51]  # next step's bonus tokens
+
+
+def test_plain_step_drafting_ahead_hands_a_choice_of_no_drafts_to_the_next_step():
+    """Drafting ahead, a plain step chooses the next step's lengths from its exact next
+    context (every request + 1); where nobody drafts it hands over that choice, so the
+    next step neither chooses again nor drafts."""
+    chosen_for: list[StepContext] = []
+
+    class NoDrafts(_Policy):
+        def choose(self, rids, k_max, context=None):
+            chosen_for.append(context)
+            return [0] * len(rids)
+
+    forwards = _Forwards([])
+    worker = _worker()
+    worker.policy = NoDrafts()
+    worker.ahead = SimpleNamespace(launch=None)  # launching a chain would fail: none is wanted
+    worker.agreement = RankAgreement.single()
+    worker.k_max = 3
+    worker.history = TokenHistory(torch.zeros((4, 16), dtype=torch.int32), k_max=3)
+    worker.verify_phase = forwards
+    reqs = [_req("a", 1, [5, 6, 7]), _req("b", 2, [8, 9])]
+    for req, limit in zip(reqs, (10, None)):
+        req.sampling_params, req.origin_input_ids = SimpleNamespace(max_new_tokens=limit), req.get_fill_ids()
+    batch = SimpleNamespace(
+        reqs=reqs, req_pool_indices=torch.tensor([1, 2]), seq_lens=torch.tensor([5, 4]), return_logprob=False
+    )
+    context = StepContext((5, 4), (3, 4), 64)
+    step = worker._plain_step(
+        batch, ["a", "b"], context, worker.history.bonus(batch), 0.0, PhaseClock(False, "cpu"), None, PhaseRanges()
+    )
+    assert [(c.seq_lens, c.draft_kv_lens, c.remaining_tokens) for c in chosen_for] == [((6, 5), (3, 4), (6, None))]
+    ahead = step.next_draft_input.ahead
+    assert ahead.lengths == [0, 0] and ahead.fed == [0, 0] and ahead.tokens.shape == (2, 3)

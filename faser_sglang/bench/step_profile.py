@@ -37,7 +37,8 @@ forward starts (``target_start``: the first device work of ``verify`` or ``plain
 and when the step's last device work ends (``device_end``). A CUDA graph's kernels
 start only once its launch call returns, so a step whose host reaches the target's
 launch late leaves the device idle however short its own phases look.
-Steps are grouped by kind (``prefill``, ``plain``, ``drafting/chain`` (one chain fed
+Steps are grouped by kind (``prefill``, ``plain`` (drafting ahead, its ``ahead`` phase
+may queue the next step's chain), ``drafting/chain`` (one chain fed
 the catch-up), ``drafting/catchup+chain``, ``drafting/loop``, ``drafting/one`` when no
 request drafted past its first token, ``drafting/ahead`` when the step before drafted
 it (its own ``ahead`` phase then queues the next step's chain), and

@@ -28,6 +28,10 @@ What the host does not know at that point, and how the chain does without it:
   from host lengths, so ``draft_ahead`` needs ``--speculative-draft-attention-backend
   triton`` on a GPU (validation.py).
 
+A plain step N (every k_i = 0, one token each) drafts ahead the same way; its
+prediction is exact (L'_i = L_i + 1), and where the policy drafts nothing next it hands
+step N + 1 that choice (``AheadDrafts.idle``) rather than have it choose again.
+
 Where step N + 1 differs from what step N drafted for, the drafts still hold: a request
 that finished is filtered out with its drafts (FaserDraftState), one that joined has
 none and verifies one token (k = 0), and the step may only shorten the lengths
@@ -96,6 +100,11 @@ class AheadDrafts:
     @classmethod
     def none(cls, rows: int, like: torch.Tensor) -> "AheadDrafts":
         return cls(like.new_zeros((rows, like.shape[1])), None, [0] * rows, [0] * rows)
+
+    @classmethod
+    def idle(cls, rows: int, k_max: int, device) -> "AheadDrafts":
+        """A choice of k' = 0 for every row: the next step decodes plainly."""
+        return cls(torch.zeros((rows, k_max), dtype=torch.int64, device=device), None, [0] * rows, [0] * rows)
 
 
 def _q_or_zeros(drafts: AheadDrafts, other: AheadDrafts) -> torch.Tensor:

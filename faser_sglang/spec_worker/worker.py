@@ -25,6 +25,7 @@ acceptance of every step but the one still in flight.
 Drafting ahead (``draft_ahead``, draft_ahead.py): after its accept a step chooses the
 next step's lengths and queues that step's draft chain on the device; the next step
 then takes those lengths and drafts (``state.ahead``) and goes straight to its verify.
+A plain step (no request drafts) does the same behind its forward.
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ class FaserWorker(BaseSpecWorker):
         if not any(lengths) and not batch.return_logprob:
             clock.mark("policy")
             ranges.begin("plain")
-            return self._plain_step(batch, rids, seq_lens, draft_kv_lens, bonus, started, clock, on_publish)
+            return self._plain_step(batch, rids, context, bonus, started, clock, on_publish, ranges)
         layout = RaggedLayout.build(lengths, self.k_max, batch.seq_lens.device)
         sampling = SamplingRows.from_sampling_info(batch.sampling_info, self.server_args.sampling_backend, batch.reqs)
         clock.mark("policy")
@@ -276,9 +277,11 @@ class FaserWorker(BaseSpecWorker):
         phase_left = False
         if self.ahead is not None and drafts_ahead(batch):
             ranges.begin("ahead")  # queued behind the accept, before any wait for it
+            next_lengths = self._choose_ahead(batch, rids, context, lengths, drafts.draft_kv_lens)
             next_state.ahead = self._draft_ahead(
-                batch, sampling, rids, context, lengths, drafts, result, new_seq_lens, clock
-            )
+                batch, sampling, context, lengths, drafts.draft_kv_lens, next_lengths, result.accept_lens,
+                new_seq_lens, clock,
+            )  # fmt: skip
             phase_left = True
         if not self.overlap:
             ranges.begin("settle")
@@ -299,40 +302,51 @@ class FaserWorker(BaseSpecWorker):
         tokens, probs, kv_bound = self.ahead.drafts_for(ahead, layout.draft_lens, sampling, seq_lens, draft_kv_lens)
         return DraftOutput(tokens, probs, kv_bound, 0, steps="ahead")
 
+    def _choose_ahead(
+        self,
+        batch: ScheduleBatch,
+        rids: list[str],
+        context: StepContext,
+        lengths: Sequence[int],  # [bs] this step's k
+        kv_bound: Sequence[int],  # [bs] draft KV bound after this step's draft phase
+    ) -> list[int]:
+        """[bs] the next step's k', chosen at the end of this step from its predicted
+        context (draft_ahead.predicted_context: exact after a plain step)."""
+        upper = upper_seq_lens(context.seq_lens, lengths)
+        predicted = predicted_context(context, upper, kv_bound, remaining_tokens(batch.reqs, upper))
+        chosen = cap_to_remaining(self.policy.choose(rids, self.k_max, predicted), predicted.remaining_tokens)
+        return self.agreement.lengths(fit_token_budget(chosen, predicted.max_verify_tokens))
+
     def _draft_ahead(
         self,
         batch: ScheduleBatch,
         sampling: SamplingRows,
-        rids: list[str],
         context: StepContext,
-        lengths: list[int],
-        drafts: DraftOutput,
-        result: AcceptResult,
+        lengths: Sequence[int],  # [bs] this step's k
+        kv_bound: Sequence[int],  # [bs] draft KV bound after this step's draft phase
+        next_lengths: list[int],  # [bs] k' (``_choose_ahead``)
+        accept_lens: torch.Tensor,  # [bs] this step's accepted drafts + 1, on the device
         new_seq_lens: torch.Tensor,  # [bs]
         clock: PhaseClock,
     ) -> Optional[AheadDrafts]:
-        """Choose the next step's lengths and queue its chain behind this step's accept
-        (draft_ahead.py); None where the next step drafts for itself.
+        """Queue the next step's chain behind this step's accept (draft_ahead.py); None
+        where the next step drafts for itself.
 
         Rows the chain starts after a catch-up of their own (draft_ahead.rows_to_catch_up)
         keep their older draft KV bound in the state: the next step's context then shows
         the gap that catch-up closed, so the cost model prices it in the step it serves
         (as the chain it precedes), and a next step that cannot use the drafts (a
         logprob request joined) feeds those tokens again."""
-        upper = upper_seq_lens(context.seq_lens, lengths)
-        predicted = predicted_context(context, upper, drafts.draft_kv_lens, remaining_tokens(batch.reqs, upper))
-        chosen = cap_to_remaining(self.policy.choose(rids, self.k_max, predicted), predicted.remaining_tokens)
-        next_lengths = self.agreement.lengths(fit_token_budget(chosen, predicted.max_verify_tokens))
 
-        def catch_up(rows: list[int], kv_bound: Sequence[int]) -> list[int]:
+        def catch_up(rows: list[int], bound: Sequence[int]) -> list[int]:
             with annotate("draft.ahead_catchup"):
-                bound = self.draft_phase.catch_up_ahead(batch, rows, context.seq_lens, kv_bound, self.history)
+                after = self.draft_phase.catch_up_ahead(batch, rows, context.seq_lens, bound, self.history)
             clock.label("ahead_catchup_rows", len(rows))
-            return bound
+            return after
 
         ahead = self.ahead.launch(
-            batch, sampling, self.generator, context.seq_lens, lengths, drafts.draft_kv_lens, next_lengths,
-            result.accept_lens, new_seq_lens, catch_up,
+            batch, sampling, self.generator, context.seq_lens, lengths, kv_bound, next_lengths, accept_lens,
+            new_seq_lens, catch_up,
         )  # fmt: skip
         if ahead is not None:
             self.agreement.tokens(ahead.tokens)
@@ -342,16 +356,20 @@ class FaserWorker(BaseSpecWorker):
         self,
         batch: ScheduleBatch,
         rids: list[str],
-        seq_lens: list[int],
-        draft_kv_lens: list[int],
+        context: StepContext,
         bonus: torch.Tensor,  # [bs]
         started: float,
-        clock,
+        clock: PhaseClock,
         on_publish,
+        ranges: PhaseRanges,
     ) -> GenerationBatchResult:
         """No request drafts: a plain decode step (verify.py), one token per request.
         The draft model does not run; its KV lags one more token, caught up when the
-        request drafts again."""
+        request drafts again. Drafting ahead, the step chooses the next step's lengths
+        (its context is exact: every request commits one token) and, where some request
+        drafts, queues that step's chain behind the forward, catching up the requests
+        it drafts for first."""
+        seq_lens, draft_kv_lens = list(context.seq_lens), list(context.draft_kv_lens)
         clock.mark("draft")
         clock.label("verify_forward", "plain_decode")
         # Every request commits one token: published before the forward, so the
@@ -365,14 +383,28 @@ class FaserWorker(BaseSpecWorker):
         clock.mark("verify")
         zeros = [0] * len(rids)
         self.policy.observe(rids, zeros, zeros)
-        self.stats.record(rids, seq_lens, draft_kv_lens, zeros, zeros, time.perf_counter() - started, clock)
+        seconds = time.perf_counter() - started
         accept_lens = torch.ones_like(batch.seq_lens, dtype=torch.int32)
+        next_state = FaserDraftState(draft_kv_lens, bonus_tokens=out.next_token_ids)
+        if self.ahead is not None and drafts_ahead(batch):
+            ranges.begin("ahead")
+            next_lengths = self._choose_ahead(batch, rids, context, zeros, draft_kv_lens)
+            if any(next_lengths):
+                sampling = SamplingRows.from_sampling_info(
+                    batch.sampling_info, self.server_args.sampling_backend, batch.reqs
+                )
+                next_state.ahead = self._draft_ahead(
+                    batch, sampling, context, zeros, draft_kv_lens, next_lengths, accept_lens, new_seq_lens, clock
+                )
+            else:  # the next step decodes plainly too, and need not choose again
+                next_state.ahead = AheadDrafts.idle(len(rids), self.k_max, batch.seq_lens.device)
+        self.stats.record(rids, seq_lens, draft_kv_lens, zeros, zeros, seconds, clock)
         return GenerationBatchResult(
             logits_output=out.logits_output,
             next_token_ids=out.next_token_ids,
             accept_lens=accept_lens,
             new_seq_lens=new_seq_lens,
-            next_draft_input=FaserDraftState(draft_kv_lens, bonus_tokens=out.next_token_ids),
+            next_draft_input=next_state,
             speculative_num_draft_tokens=1,
             can_run_cuda_graph=out.can_run_cuda_graph,
         )
