@@ -177,12 +177,17 @@ def multinomial_chisquare_pvalue(observed: np.ndarray, probs: np.ndarray, draws:
 
 
 def assert_tokens_follow_target(
-    tiny_models: TinyModels, base_url: str, positions: tuple[int, ...], max_new_tokens: Optional[int] = None
+    tiny_models: TinyModels,
+    base_url: str,
+    positions: tuple[int, ...],
+    max_new_tokens: Optional[int] = None,
+    together: int = 50,
 ) -> None:
     """Chi-square on each generated token at ``positions`` (0: the prefill's) against
     its exact marginal under the target, summed over every prefix of top-4 tokens
-    (transformers). Requests generate ``max_new_tokens`` (default: through the last
-    position); a length policy drafts less near a request's end."""
+    (transformers), over 400 requests sent ``together`` at a time (400 divisible by it).
+    Requests generate ``max_new_tokens`` (default: through the last position); a length
+    policy drafts less near a request's end."""
     prompt = "def foo(x):"
     new_tokens = max_new_tokens or max(positions) + 1
     params = {"max_new_tokens": new_tokens, "temperature": 0.9, "top_k": 4, "ignore_eos": True}
@@ -207,8 +212,8 @@ def assert_tokens_follow_target(
         prefixes = [(ids_ + [t], weight * float(p[t])) for ids_, weight, p in step for t in torch.nonzero(p).flatten().tolist()]
 
     outputs = []
-    for _ in range(8):
-        outputs += [o["output_ids"] for o in generate(base_url, [prompt_ids] * 50, params)]
+    for _ in range(400 // together):
+        outputs += [o["output_ids"] for o in generate(base_url, [prompt_ids] * together, params)]
     for j in positions:
         samples = [ids_[j] for ids_ in outputs]
         expected = marginals[j]

@@ -207,6 +207,15 @@ def reference(nospec):
     return ids(generate(nospec.base_url, PROMPTS, GREEDY))
 
 
+def a_plain_step_drafted_ahead(steps: list[dict]) -> bool:
+    """Whether a plain step (nobody drafted) queued the chain of the step after it, over
+    the same requests."""
+    return any(
+        not any(s["draft_lens"]) and n.get("draft_steps") == "ahead" and s["rids"] == n["rids"]
+        for s, n in zip(steps, steps[1:])
+    )
+
+
 def _staggered(base_url: str) -> list[dict]:
     """Each prompt its own request, all at once, each with its own max_new_tokens: near
     their limits requests draft fewer tokens than the others (worker.cap_to_remaining)."""
@@ -254,11 +263,7 @@ def test_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_path, pol
             and max(catchup_gaps([n]), default=0) > kv_reserve.MAX_FORCED_GAP
             for s, n in zip(steps, steps[1:])
         )
-        # A plain step queued the chain of the drafting step after it.
-        assert any(
-            not any(s["draft_lens"]) and n.get("draft_steps") == "ahead" and s["rids"] == n["rids"]
-            for s, n in zip(steps, steps[1:])
-        )
+        assert a_plain_step_drafted_ahead(steps)
         assert how["ahead"] > how["chain"] + how["none"], how
 
 
@@ -283,27 +288,31 @@ def test_sampled_self_draft_accepts_every_token_drafted_ahead(tiny_models, tmp_p
     assert all(s["num_accepted"] == s["draft_lens"] for s in steps)
     assert Counter(s.get("draft_steps") for s in steps)["ahead"] > 0
     if policy == "random":
-        assert any(
-            not any(s["draft_lens"]) and n.get("draft_steps") == "ahead" and s["rids"] == n["rids"]
-            for s, n in zip(steps, steps[1:])
-        )
+        assert a_plain_step_drafted_ahead(steps)
 
 
 @pytest.mark.server
-def test_sampled_tokens_drafted_ahead_follow_target_distribution(tiny_models, tmp_path):
+@pytest.mark.parametrize("policy, together", [("fixed", 50), ("random", 2)])
+def test_sampled_tokens_drafted_ahead_follow_target_distribution(tiny_models, tmp_path, policy, together):
     """Sampled requests of 12 tokens at K_max 4: a request's first verify step drafts
-    for itself, the next ones verify drafts a chain drafted ahead, so the tokens at
-    positions 5 and 6 (and mostly 3) were drafted ahead, accepted or replaced by
-    rejection sampling against the q the chain kept: each follows the target's marginal."""
+    for itself, the next ones verify drafts a chain drafted ahead, so with the fixed
+    policy the tokens at positions 5 and 6 (and mostly 3) were drafted ahead, accepted
+    or replaced by rejection sampling against the q the chain kept: each follows the
+    target's marginal. With random lengths two requests at a time meet plain steps,
+    which queue the sampled chain of the drafting step after them."""
     trace = tmp_path / "trace.jsonl"
-    env = write_faser_config(tmp_path / "faser.json", policy="fixed", trace_path=str(trace), seed=5, draft_ahead=True)
+    env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=5, draft_ahead=True)
     with launch_faser(tiny_models.target, tiny_models.draft, env) as server:
-        assert_tokens_follow_target(tiny_models, server.base_url, positions=(3, 5, 6), max_new_tokens=12)
+        assert_tokens_follow_target(
+            tiny_models, server.base_url, positions=(3, 5, 6), max_new_tokens=12, together=together
+        )
     steps = read_trace(trace)
     ahead = [s for s in steps if s.get("draft_steps") == "ahead"]
-    assert sum(sum(s["draft_lens"]) for s in ahead) >= 8 * 50, "few drafts were drafted ahead"
+    assert sum(sum(s["draft_lens"]) for s in ahead) >= 400, "few drafts were drafted ahead"
     accepted = sum(sum(s["num_accepted"]) for s in ahead)
     assert 0 < accepted < sum(sum(s["draft_lens"]) for s in ahead), "the draft should be neither exact nor useless"
+    if policy == "random":
+        assert a_plain_step_drafted_ahead(steps)
 
 
 @pytest.mark.server
@@ -312,13 +321,14 @@ def test_sampled_tokens_drafted_ahead_follow_target_distribution(tiny_models, tm
     [("adaptive", ()), ("fixed", ("--disable-overlap-schedule",)), ("random", ("--disable-overlap-schedule",))],
     ids=["adaptive-overlap", "fixed-synchronous", "random-synchronous"],
 )
-def test_greedy_equals_no_speculation_drafting_ahead(tiny_models, tmp_path, reference, policy, server_args):
+def test_greedy_equals_no_speculation_drafting_ahead(tiny_models, tmp_path, nospec, reference, policy, server_args):
     """The adaptive policy (with step calibration) chooses the lengths drafted ahead from
     the predicted context, priced by the 13.5B pair's H200 costs so that drafting pays
     (lazy draft prefill: a request's first draft catches its prompt up, then the chain
     drafted ahead takes over); the fixed one on SGLang's synchronous schedule; random
     lengths (k = 0 included) there too, so rows back after plain steps are caught up
-    at the end of the step before."""
+    at the end of the step before, and a request alone meets plain steps, which queue
+    the chain of the drafting step after them."""
     trace = tmp_path / "trace.jsonl"
     fields = {"seed": 5} if policy == "random" else {}
     if policy == "adaptive":
@@ -330,13 +340,18 @@ def test_greedy_equals_no_speculation_drafting_ahead(tiny_models, tmp_path, refe
     env = write_faser_config(
         tmp_path / "faser.json", policy=policy, trace_path=str(trace), draft_ahead=True, **fields
     )
+    alone = {**GREEDY, "max_new_tokens": 96}
     with launch_faser(tiny_models.target, tiny_models.draft, env, *server_args) as server:
         assert ids(generate(server.base_url, PROMPTS, GREEDY)) == reference
+        if policy == "random":
+            expected = ids(generate(nospec.base_url, PROMPTS[:1], alone))
+            assert ids(generate(server.base_url, PROMPTS[:1], alone)) == expected
     steps = read_trace(trace)
     how = Counter(s.get("draft_steps") for s in steps)
     assert how["ahead"] > 0, how
     if policy == "random":
         assert any(s.get("ahead_catchup_rows") for s in steps)
+        assert a_plain_step_drafted_ahead(steps)
 
 
 @pytest.fixture(scope="module")
