@@ -284,10 +284,9 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
     decode graphs of at most 8 rows a catch-up of 9-64 tokens replays them in pieces,
     and chains over more than 8 rows run eagerly. The FlashInfer servers with random
     lengths then serve sampling requests too (``_check_sampled_chains``). Drafting ahead,
-    chains replay behind the accept from the device's lengths alone: with the fixed
-    policy nearly every step after a request's first draft, with random lengths every
-    step but those after a plain one (no chain queued); rows back after plain steps are
-    caught up at the end of the step before."""
+    chains replay behind the accept from the device's lengths alone: nearly every step
+    after a request's first draft (a plain step queues the next step's chain too); rows
+    back after plain steps are caught up at the end of the step before."""
     trace = tmp_path / "trace.jsonl"
     config = CONFIGS.get(variant, {})
     env = write_faser_config(tmp_path / "faser.json", policy=policy, trace_path=str(trace), seed=7, **config)
@@ -333,9 +332,9 @@ def test_identity_model_accepts_every_draft(variant, policy, graph_bs, gpu_model
     assert drafted > 0 and accepted == drafted
     assert how["graph"] > 0 and how["loop"] == 0
     if config.get("draft_ahead"):
-        # A step drafts for itself where the last one queued no chain (a plain step, a
-        # prefill); a row lagging more than MAX_FORCED_GAP tokens then has a catch-up
-        # forward of its own, so chains rarely feed it.
+        # A step drafts for itself where the last one queued no chain (a prefill, or a
+        # chain that could not run ahead); a row lagging more than MAX_FORCED_GAP tokens
+        # then has a catch-up forward of its own, so chains rarely feed it.
         assert how["ahead"] > 0
         if policy == "random":  # a row lagging more than the chain feeds drafted ahead
             assert any(
