@@ -118,6 +118,13 @@ class StepRecord:
         )
 
 
+# How a decode step drafted, counted in the log summary: ``in-step`` drafted for itself,
+# ``ahead`` verified drafts made at the end of the step before (draft_ahead.py),
+# ``plain`` decoded one token per request, ``plain+chain`` did so and queued the next
+# step's chain.
+STEP_KINDS = ("in-step", "ahead", "plain", "plain+chain")
+
+
 @dataclass
 class FaserStats:
     log_interval: int = 200
@@ -126,6 +133,7 @@ class FaserStats:
     drafted: int = 0
     accepted: int = 0
     length_hist: Counter = field(default_factory=Counter)
+    step_kinds: Counter = field(default_factory=Counter)  # STEP_KINDS -> steps
     _trace: Optional[IO[str]] = None
 
     def clock(self, device: str) -> PhaseClock:
@@ -140,8 +148,12 @@ class FaserStats:
         num_accepted: Sequence[int],
         seconds: float,  # the step's wall time (a step may be recorded after the next one started)
         clock: PhaseClock,
+        kind: str,  # one of STEP_KINDS
     ) -> None:
+        if kind not in STEP_KINDS:
+            raise ValueError(f"unknown FASER step kind {kind!r}")
         self.steps += 1
+        self.step_kinds[kind] += 1
         self.drafted += sum(draft_lens)
         self.accepted += sum(num_accepted)
         self.length_hist.update(draft_lens)
@@ -167,4 +179,5 @@ class FaserStats:
     def summary(self) -> str:
         rate = self.accepted / self.drafted if self.drafted else 0.0
         hist = " ".join(f"k{k}:{n}" for k, n in sorted(self.length_hist.items()))
-        return f"steps={self.steps} draft_accept_rate={rate:.3f} draft_lengths[{hist}]"
+        kinds = " ".join(f"{k}:{self.step_kinds[k]}" for k in STEP_KINDS if self.step_kinds[k])
+        return f"steps={self.steps} draft_accept_rate={rate:.3f} draft_lengths[{hist}] step_kinds[{kinds}]"

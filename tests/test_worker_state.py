@@ -8,7 +8,9 @@ from types import SimpleNamespace
 import torch
 
 from faser_sglang.metrics import FaserStats, PhaseClock, PhaseRanges
+from faser_sglang.spec_worker.draft_ahead import AheadDrafts
 from faser_sglang.spec_worker.policy import StepContext, Untimed
+from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.spec_worker.state import FaserDraftState
 from faser_sglang.spec_worker.token_history import TokenHistory
 from faser_sglang.spec_worker.tp_sync import RankAgreement
@@ -81,7 +83,9 @@ def _worker() -> FaserWorker:
 
 def _pending(rids: list[str], accept_lens: list[int]) -> PendingStep:
     n = len(rids)
-    return PendingStep.of(rids, [10] * n, [10] * n, [3] * n, torch.tensor(accept_lens), 0.0, PhaseClock(False, "cpu"))
+    return PendingStep.of(
+        rids, [10] * n, [10] * n, [3] * n, torch.tensor(accept_lens), 0.0, PhaseClock(False, "cpu"), "in-step"
+    )
 
 
 def test_acceptance_reaches_the_policy_when_the_next_step_settles():
@@ -90,6 +94,7 @@ def test_acceptance_reaches_the_policy_when_the_next_step_settles():
     worker._settle()
     assert worker.policy.observed == [(["a", "b"], [3, 3], [3, 0])]
     assert worker.stats.steps == 1 and worker.stats.accepted == 3 and worker._pending is None
+    assert worker.stats.summary().endswith("draft_lengths[k3:2] step_kinds[in-step:1]")
     worker._settle()  # nothing pending: nothing observed twice
     assert len(worker.policy.observed) == 1
 
@@ -193,35 +198,67 @@ def test_prefill_and_plain_decode_publish_lengths_before_their_forward():
     assert worker.history.gather([1, 2], [4, 3]).tolist() == [50, 51]  # next step's bonus tokens
 
 
-def test_plain_step_drafting_ahead_hands_a_choice_of_no_drafts_to_the_next_step():
-    """Drafting ahead, a plain step chooses the next step's lengths from its exact next
-    context (every request + 1); where nobody drafts it hands over that choice, so the
-    next step neither chooses again nor drafts."""
+def _plain_worker_drafting_ahead(choice: list[int], launch) -> tuple[FaserWorker, SimpleNamespace, list]:
+    """A worker whose plain step drafts ahead: its policy chooses ``choice`` for the next
+    step (noting each context), ``launch`` stands for DraftAhead.launch."""
     chosen_for: list[StepContext] = []
 
-    class NoDrafts(_Policy):
+    class Chooses(_Policy):
         def choose(self, rids, k_max, context=None):
             chosen_for.append(context)
-            return [0] * len(rids)
+            return list(choice)
 
-    forwards = _Forwards([])
     worker = _worker()
-    worker.policy = NoDrafts()
-    worker.ahead = SimpleNamespace(launch=None)  # launching a chain would fail: none is wanted
+    worker.policy = Chooses()
+    worker.ahead = SimpleNamespace(launch=launch)
     worker.agreement = RankAgreement.single()
     worker.k_max = 3
+    worker.generator = None
+    worker.server_args = SimpleNamespace(sampling_backend="pytorch")
     worker.history = TokenHistory(torch.zeros((4, 16), dtype=torch.int32), k_max=3)
-    worker.verify_phase = forwards
+    worker.verify_phase = _Forwards([])
     reqs = [_req("a", 1, [5, 6, 7]), _req("b", 2, [8, 9])]
     for req, limit in zip(reqs, (10, None)):
         req.sampling_params, req.origin_input_ids = SimpleNamespace(max_new_tokens=limit), req.get_fill_ids()
     batch = SimpleNamespace(
-        reqs=reqs, req_pool_indices=torch.tensor([1, 2]), seq_lens=torch.tensor([5, 4]), return_logprob=False
-    )
+        reqs=reqs, req_pool_indices=torch.tensor([1, 2]), seq_lens=torch.tensor([5, 4]), return_logprob=False,
+        sampling_info=None,
+    )  # fmt: skip
+    return worker, batch, chosen_for
+
+
+def _plain_step(worker: FaserWorker, batch) -> object:
     context = StepContext((5, 4), (3, 4), 64)
-    step = worker._plain_step(
-        batch, ["a", "b"], context, worker.history.bonus(batch), 0.0, PhaseClock(False, "cpu"), None, PhaseRanges()
-    )
+    bonus = worker.history.bonus(batch)
+    return worker._plain_step(batch, ["a", "b"], context, bonus, 0.0, PhaseClock(False, "cpu"), None, PhaseRanges())
+
+
+def test_plain_step_drafting_ahead_hands_a_choice_of_no_drafts_to_the_next_step():
+    """Drafting ahead, a plain step chooses the next step's lengths from its exact next
+    context (every request + 1); where nobody drafts it hands over that choice, so the
+    next step neither chooses again nor drafts."""
+    worker, batch, chosen_for = _plain_worker_drafting_ahead([0, 0], launch=None)  # a launch would fail
+    step = _plain_step(worker, batch)
     assert [(c.seq_lens, c.draft_kv_lens, c.remaining_tokens) for c in chosen_for] == [((6, 5), (3, 4), (6, None))]
     ahead = step.next_draft_input.ahead
     assert ahead.lengths == [0, 0] and ahead.fed == [0, 0] and ahead.tokens.shape == (2, 3)
+    assert worker.stats.step_kinds == {"plain": 1}
+
+
+def test_plain_step_drafting_ahead_queues_the_next_steps_chain(monkeypatch):
+    """Where the next step drafts, the plain step launches its chain as a step whose
+    rows all drafted nothing and committed one token each."""
+    launched = []
+
+    def launch(
+        batch, sampling, generator, seq_lens, lengths, kv_bound, next_lengths, accept_lens, new_seq_lens, catch_up
+    ):
+        launched.append((seq_lens, lengths, kv_bound, next_lengths, accept_lens.tolist(), new_seq_lens.tolist()))
+        return AheadDrafts(torch.zeros((2, 3), dtype=torch.int64), None, list(next_lengths), [2, 0])
+
+    monkeypatch.setattr(SamplingRows, "from_sampling_info", staticmethod(lambda info, backend, reqs: "sampling"))
+    worker, batch, _ = _plain_worker_drafting_ahead([2, 0], launch)
+    step = _plain_step(worker, batch)
+    assert launched == [((5, 4), [0, 0], [3, 4], [2, 0], [1, 1], [6, 5])]
+    assert step.next_draft_input.ahead.lengths == [2, 0]
+    assert worker.stats.step_kinds == {"plain+chain": 1}

@@ -271,7 +271,8 @@ class FaserWorker(BaseSpecWorker):
             on_publish(new_seq_lens)
         last = result.tokens.gather(1, (accept_lens - 1).long().unsqueeze(1)).squeeze(1)  # [bs] next bonus
         clock.mark("accept")
-        self._pending = PendingStep.of(rids, seq_lens, draft_kv_lens, lengths, result.accept_lens, started, clock)
+        kind = "ahead" if ahead is not None else "in-step"
+        self._pending = PendingStep.of(rids, seq_lens, draft_kv_lens, lengths, result.accept_lens, started, clock, kind)
         # Draft KV is valid up to the committed length it was fed (FaserDraftState).
         next_state = FaserDraftState(drafts.draft_kv_lens, last)
         phase_left = False
@@ -398,7 +399,8 @@ class FaserWorker(BaseSpecWorker):
                 )
             else:  # the next step decodes plainly too, and need not choose again
                 next_state.ahead = AheadDrafts.idle(len(rids), self.k_max, batch.seq_lens.device)
-        self.stats.record(rids, seq_lens, draft_kv_lens, zeros, zeros, seconds, clock)
+        kind = "plain+chain" if next_state.ahead is not None and any(next_state.ahead.lengths) else "plain"
+        self.stats.record(rids, seq_lens, draft_kv_lens, zeros, zeros, seconds, clock, kind)
         return GenerationBatchResult(
             logits_output=out.logits_output,
             next_token_ids=out.next_token_ids,
@@ -438,7 +440,7 @@ class FaserWorker(BaseSpecWorker):
         live = [i for i, rid in enumerate(step.rids) if rid not in step.finished]
         self.policy.observe([step.rids[i] for i in live], [step.lengths[i] for i in live], [accepted[i] for i in live])
         self.stats.record(
-            step.rids, step.seq_lens, step.draft_kv_lens, step.lengths, accepted, step.seconds, step.clock
+            step.rids, step.seq_lens, step.draft_kv_lens, step.lengths, accepted, step.seconds, step.clock, step.kind
         )
 
     def _result(
@@ -477,22 +479,23 @@ class PendingStep:
     lengths: list[int]
     seconds: float
     clock: PhaseClock
+    kind: str  # metrics.STEP_KINDS
     copy: torch.Tensor  # [bs] int accept lengths, on the host once ``done`` fires
     done: Optional[torch.cuda.Event]  # None: ``copy`` is already complete (no CUDA)
     finished: set[str] = field(default_factory=set)  # rids forgotten before settling
 
     @classmethod
     def of(
-        cls, rids, seq_lens, draft_kv_lens, lengths, accept_lens: torch.Tensor, started: float, clock
+        cls, rids, seq_lens, draft_kv_lens, lengths, accept_lens: torch.Tensor, started: float, clock, kind: str
     ) -> "PendingStep":
         seconds = time.perf_counter() - started
         if accept_lens.device.type != "cuda":
-            return cls(rids, seq_lens, draft_kv_lens, lengths, seconds, clock, accept_lens.cpu(), None)
+            return cls(rids, seq_lens, draft_kv_lens, lengths, seconds, clock, kind, accept_lens.cpu(), None)
         copy = torch.empty(accept_lens.shape, dtype=accept_lens.dtype, pin_memory=True)
         copy.copy_(accept_lens, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return cls(rids, seq_lens, draft_kv_lens, lengths, seconds, clock, copy, done)
+        return cls(rids, seq_lens, draft_kv_lens, lengths, seconds, clock, kind, copy, done)
 
     def ready(self) -> bool:
         return self.done is None or self.done.query()
