@@ -30,7 +30,7 @@ What the host does not know at that point, and how the chain does without it:
 
 A plain step N (every k_i = 0, one token each) drafts ahead the same way; its
 prediction is exact (L'_i = L_i + 1), and where the policy drafts nothing next it hands
-step N + 1 that choice (``AheadDrafts.idle``) rather than have it choose again.
+step N + 1 that choice (``AheadDrafts.none``) rather than have it choose again.
 
 Where step N + 1 differs from what step N drafted for, the drafts still hold: a request
 that finished is filtered out with its drafts (FaserDraftState), one that joined has
@@ -90,20 +90,18 @@ class AheadDrafts:
         if a is None and b is None:
             return None
         like = a if a is not None else b
-        a = a or cls.none(a_rows, like.tokens)
-        b = b or cls.none(b_rows, like.tokens)
+        k_max, device = like.tokens.shape[1], like.tokens.device
+        a = a or cls.none(a_rows, k_max, device)
+        b = b or cls.none(b_rows, k_max, device)
         probs = None
         if a.probs is not None or b.probs is not None:
             probs = torch.cat([_q_or_zeros(a, b), _q_or_zeros(b, a)])
         return cls(torch.cat([a.tokens, b.tokens]), probs, a.lengths + b.lengths, a.fed + b.fed)
 
     @classmethod
-    def none(cls, rows: int, like: torch.Tensor) -> "AheadDrafts":
-        return cls(like.new_zeros((rows, like.shape[1])), None, [0] * rows, [0] * rows)
-
-    @classmethod
-    def idle(cls, rows: int, k_max: int, device) -> "AheadDrafts":
-        """A choice of k' = 0 for every row: the next step decodes plainly."""
+    def none(cls, rows: int, k_max: int, device) -> "AheadDrafts":
+        """k' = 0 for every row: no drafts (where the next step decodes plainly, the
+        choice a plain step hands it)."""
         return cls(torch.zeros((rows, k_max), dtype=torch.int64, device=device), None, [0] * rows, [0] * rows)
 
 

@@ -398,7 +398,7 @@ class FaserWorker(BaseSpecWorker):
                     batch, sampling, context, zeros, draft_kv_lens, next_lengths, accept_lens, new_seq_lens, clock
                 )
             else:  # the next step decodes plainly too, and need not choose again
-                next_state.ahead = AheadDrafts.idle(len(rids), self.k_max, batch.seq_lens.device)
+                next_state.ahead = AheadDrafts.none(len(rids), self.k_max, batch.seq_lens.device)
         kind = "plain+chain" if next_state.ahead is not None and any(next_state.ahead.lengths) else "plain"
         self.stats.record(rids, seq_lens, draft_kv_lens, zeros, zeros, seconds, clock, kind)
         return GenerationBatchResult(
