@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from faser_sglang.metrics import FaserStats, PhaseClock, PhaseRanges
-from faser_sglang.spec_worker.draft_ahead import AheadDrafts
+from faser_sglang.spec_worker.draft_ahead import AheadDrafts, ReadFence
 from faser_sglang.spec_worker.policy import StepContext, Untimed
 from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.spec_worker.state import FaserDraftState
@@ -211,6 +211,9 @@ def _plain_worker_drafting_ahead(choice: list[int], launch) -> tuple[FaserWorker
     worker = _worker()
     worker.policy = Chooses()
     worker.ahead = SimpleNamespace(launch=launch)
+    # The target's decode graph records its event before the replay (SGLang's WAR barrier).
+    worker._target_worker = SimpleNamespace(model_runner=SimpleNamespace(war_fastpath_read_done_event="pre-replay"))
+    worker._fence = ReadFence(worker._target_worker.model_runner, "cpu")
     worker.agreement = RankAgreement.single()
     worker.k_max = 3
     worker.generator = None
@@ -243,6 +246,7 @@ def test_plain_step_drafting_ahead_hands_a_choice_of_no_drafts_to_the_next_step(
     ahead = step.next_draft_input.ahead
     assert ahead.lengths == [0, 0] and ahead.fed == [0, 0] and ahead.tokens.shape == (2, 3)
     assert worker.stats.step_kinds == {"plain": 1}
+    assert _barrier_waits_behind_the_step(worker)  # the drafts' zeros are written behind the forward
 
 
 def test_plain_step_drafting_ahead_queues_the_next_steps_chain(monkeypatch):
@@ -262,3 +266,28 @@ def test_plain_step_drafting_ahead_queues_the_next_steps_chain(monkeypatch):
     assert launched == [((5, 4), [0, 0], [3, 4], [2, 0], [1, 1], [6, 5])]
     assert step.next_draft_input.ahead.lengths == [2, 0]
     assert worker.stats.step_kinds == {"plain+chain": 1}
+    assert _barrier_waits_behind_the_step(worker)
+
+
+def _barrier_waits_behind_the_step(worker: FaserWorker) -> bool:
+    """Whether the event SGLang's WAR barrier takes after the step is the fence recorded
+    behind the work queued after the target forward, not the forward's own."""
+    return isinstance(worker.war_fastpath_runner.war_fastpath_read_done_event, torch.cpu.Event)
+
+
+def test_read_fence_moves_the_war_barrier_behind_work_queued_after_the_target():
+    """SGLang's scheduler waits on ``war_fastpath_read_done_event`` after each step and
+    clears it. The fence hands it the target runner's event unless the step queued work
+    after the target forward; an event no barrier took is forgotten at the next step."""
+    runner = SimpleNamespace(war_fastpath_read_done_event="pre-replay")
+    fence = ReadFence(runner, "cpu")
+    assert fence.war_fastpath_read_done_event == "pre-replay"
+    fence.after_queued_work()
+    queued = fence.war_fastpath_read_done_event
+    assert isinstance(queued, torch.cpu.Event)
+    fence.war_fastpath_read_done_event = None  # the scheduler, after waiting on it
+    assert fence.war_fastpath_read_done_event is None and runner.war_fastpath_read_done_event is None
+    fence.after_queued_work()  # a step whose barrier never ran
+    fence.step_began()
+    runner.war_fastpath_read_done_event = "next pre-replay"
+    assert fence.war_fastpath_read_done_event == "next pre-replay"

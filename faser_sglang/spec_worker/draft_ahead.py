@@ -44,6 +44,16 @@ The chain may also write for a request that has just finished (its stop token wa
 step N) and whose KV SGLang frees while the chain is still queued: it writes draft KV
 only, and a later owner of those slots writes theirs in a forward queued behind it.
 
+Ordering against the scheduler: SGLang's scheduler orders its own device work after
+a step (filtering and merging the batch's tensors, writing ``req_to_token`` for the next
+step's slots and new requests) behind an event the step's last reader of shared buffers
+records (the WAR barrier, ``BaseSpecWorker.war_fastpath_runner``); by default the
+target's decode graph records it just before its replay. Work queued after the target
+(the catch-up, the chain, the drafts' tensors) would then race the scheduler: a batch
+filter could copy drafts not yet written, and a request-pool row freed and handed to a
+new request could have its ``req_to_token`` rewritten before a chain for its last owner
+reads it. ``ReadFence`` moves the event behind that work.
+
 KV: the chain writes draft KV up to position L'_i - g_i + M - 1 <= L_i + 2 K_max +
 MAX_FORCED_GAP, past the 2 (K_max + 1) tokens SGLang reserves beyond a committed length
 that lags L_i by up to K_max + 1 under the overlap schedule. ``reserve_per_decode``
@@ -110,6 +120,40 @@ def _q_or_zeros(drafts: AheadDrafts, other: AheadDrafts) -> torch.Tensor:
     if drafts.probs is not None:
         return drafts.probs
     return other.probs.new_zeros((drafts.tokens.shape[0], *other.probs.shape[1:]))
+
+
+class ReadFence:
+    """What SGLang's scheduler asks for the event its WAR barrier waits on
+    (``war_fastpath_read_done_event``, read and then cleared after every step): the
+    event ``after_queued_work`` recorded this step, or else the target runner's own
+    (its decode graph's, recorded before the replay; None: the scheduler waits for the
+    whole forward stream)."""
+
+    def __init__(self, target_runner, device: str):
+        self._target_runner = target_runner
+        self._events = torch.get_device_module(device)
+        self._event = None
+
+    @property
+    def war_fastpath_read_done_event(self):
+        return self._event if self._event is not None else self._target_runner.war_fastpath_read_done_event
+
+    @war_fastpath_read_done_event.setter
+    def war_fastpath_read_done_event(self, event) -> None:
+        self._event = event
+        self._target_runner.war_fastpath_read_done_event = event
+
+    def step_began(self) -> None:
+        """Forget an event no barrier took (one recorded earlier in the stream is weaker
+        than this step's)."""
+        self._event = None
+
+    def after_queued_work(self) -> None:
+        """Record, on the current (forward) stream, the point after the work this step
+        queued behind its target forward."""
+        event = self._events.Event()
+        event.record()
+        self._event = event
 
 
 def drafts_ahead(batch) -> bool:

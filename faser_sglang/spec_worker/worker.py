@@ -56,6 +56,7 @@ from faser_sglang.spec_worker.draft import DraftOutput, DraftPhase
 from faser_sglang.spec_worker.draft_ahead import (
     AheadDrafts,
     DraftAhead,
+    ReadFence,
     drafts_ahead,
     predicted_context,
     upper_seq_lens,
@@ -137,6 +138,7 @@ class FaserWorker(BaseSpecWorker):
                 )
             vocab = self._target_worker.model_runner.model_config.vocab_size
             self.ahead = DraftAhead(chains, self.history, self.k_max, vocab)
+            self._fence = ReadFence(self._target_worker.model_runner, self.device)
             from sglang.srt.mem_cache import allocation_sizing  # the hooked reservation (kv_reserve.py)
 
             logger.info(
@@ -144,6 +146,12 @@ class FaserWorker(BaseSpecWorker):
                 "slots per request and decode step",
                 allocation_sizing.get_alloc_reserve_per_decode(self.server_args),
             )
+
+    @property
+    def war_fastpath_runner(self):
+        """Whose event SGLang's WAR barrier waits on after a step: drafting ahead, the
+        fence behind the work queued after the target (draft_ahead.ReadFence)."""
+        return self._fence if self.ahead is not None else self._target_worker.model_runner
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self._last_seen.pop(rid, None)
@@ -162,6 +170,8 @@ class FaserWorker(BaseSpecWorker):
         """``on_publish`` (overlap schedule): called with the step's new committed
         lengths as soon as they are on the device, so the scheduler can prepare the
         next step while this one finishes."""
+        if self.ahead is not None:
+            self._fence.step_began()
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             with annotate(f"prefill bs={len(batch.reqs)}"):
                 return self._prefill(batch, on_publish)
@@ -283,6 +293,7 @@ class FaserWorker(BaseSpecWorker):
                 batch, sampling, context, lengths, drafts.draft_kv_lens, next_lengths, result.accept_lens,
                 new_seq_lens, clock,
             )  # fmt: skip
+            self._fence.after_queued_work()
             phase_left = True
         if not self.overlap:
             ranges.begin("settle")
@@ -399,6 +410,7 @@ class FaserWorker(BaseSpecWorker):
                 )
             else:  # the next step decodes plainly too, and need not choose again
                 next_state.ahead = AheadDrafts.none(len(rids), self.k_max, batch.seq_lens.device)
+            self._fence.after_queued_work()
         kind = "plain+chain" if next_state.ahead is not None and any(next_state.ahead.lengths) else "plain"
         self.stats.record(rids, seq_lens, draft_kv_lens, zeros, zeros, seconds, clock, kind)
         return GenerationBatchResult(
