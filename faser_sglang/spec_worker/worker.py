@@ -103,6 +103,7 @@ class FaserWorker(BaseSpecWorker):
         self.overlap = not server_args.disable_overlap_schedule
         self._pending: Optional[PendingStep] = None
         self.ahead: Optional[DraftAhead] = None  # set with the chains when draft_ahead is on
+        self._fence = ReadFence(target_worker.model_runner, self.device)
         self._decode_steps = 0
         self._last_seen: dict[str, int] = {}  # rid -> last decode step that carried it
         logger.info(
@@ -138,7 +139,6 @@ class FaserWorker(BaseSpecWorker):
                 )
             vocab = self._target_worker.model_runner.model_config.vocab_size
             self.ahead = DraftAhead(chains, self.history, self.k_max, vocab)
-            self._fence = ReadFence(self._target_worker.model_runner, self.device)
             from sglang.srt.mem_cache import allocation_sizing  # the hooked reservation (kv_reserve.py)
 
             logger.info(
@@ -148,10 +148,11 @@ class FaserWorker(BaseSpecWorker):
             )
 
     @property
-    def war_fastpath_runner(self):
-        """Whose event SGLang's WAR barrier waits on after a step: drafting ahead, the
-        fence behind the work queued after the target (draft_ahead.ReadFence)."""
-        return self._fence if self.ahead is not None else self._target_worker.model_runner
+    def war_fastpath_runner(self) -> ReadFence:
+        """Whose event SGLang's WAR barrier waits on after a step: the target's decode
+        graph's, or one recorded behind the work a step drafting ahead queued after it
+        (draft_ahead.ReadFence)."""
+        return self._fence
 
     def note_request_finished(self, *, rid: str, natural_stop: bool) -> None:
         self._last_seen.pop(rid, None)
@@ -170,8 +171,7 @@ class FaserWorker(BaseSpecWorker):
         """``on_publish`` (overlap schedule): called with the step's new committed
         lengths as soon as they are on the device, so the scheduler can prepare the
         next step while this one finishes."""
-        if self.ahead is not None:
-            self._fence.step_began()
+        self._fence.step_began()
         if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
             with annotate(f"prefill bs={len(batch.reqs)}"):
                 return self._prefill(batch, on_publish)
