@@ -137,3 +137,29 @@ def test_quick_bench_keeps_each_servers_log(tiny_models, tmp_path, cpu_server_en
     assert rc == 0
     texts = [p.read_text() for p in sorted(logs.glob("sglang-*.log"))]
     assert len(texts) == 2 and sum("speculative_algorithm='FASER'" in t for t in texts) == 1
+
+
+def test_warm_up_walks_every_power_of_two_up_to_the_running_cap(monkeypatch):
+    from argparse import Namespace
+
+    from faser_sglang.bench.client import ReplayResult
+    from faser_sglang.bench.workloads import Request
+
+    sizes = []
+
+    def fake_replay(base_url, workload, arrivals, sampling):
+        assert arrivals == [0.0] * len(workload) and {r.max_new_tokens for r in workload} == {ab.WARM_UP_TOKENS}
+        sizes.append(len(workload))
+        return ReplayResult([], [], 0.0)
+
+    monkeypatch.setattr(ab, "replay", fake_replay)
+    reqs = [Request(f"r{i}", f"prompt {i}", 256) for i in range(5)]  # fewer prompts than the cap: reused
+    ab.warm_up("http://x", reqs, dict(ab.GREEDY), 24)
+    assert sizes == [1, 2, 4, 8, 16, 24]
+
+    args = Namespace(warm_up_batch=0, server_args=["--dtype", "bfloat16", "--max-running-requests", "128"])
+    assert ab.warm_up_batch(args) == 128
+    assert ab.warm_up_batch(Namespace(warm_up_batch=0, server_args=[])) == 4
+    assert ab.warm_up_batch(Namespace(warm_up_batch=32, server_args=["--max-running-requests", "128"])) == 32
+    with pytest.raises(SystemExit):
+        ab.main(["--target", "t", "--draft", "d", "--out", "/tmp/x", "--warm-up-batch", "-1"])

@@ -7,7 +7,7 @@
                       ngram adaptive faser faser-ad faser-ad-sync faser-ad@KEY=VALUE,...] \
         [--faser-config F] [--faser-ad-config F] [--gpus 0 1] \
         [--sweep-rates 1 4 16] [--sweep-duration 30] [--temperature 0.8 [--top-p 0.95]] \
-        [--quick] [--server-args ...]
+        [--warm-up-batch 128] [--quick] [--server-args ...]
 
 Contenders are real SGLang servers launched one after another on the same GPU (or,
 with ``--gpus``, dealt onto one lane per GPU of the same machine, lanes running at
@@ -34,6 +34,9 @@ request of the main trace), trace.png, over_time.png,
 rate_sweep.png and sweep.json with ``--sweep-rates``, and server-logs/<contender>.log
 (each server's batch lines: running requests, throughput, FASER's chosen lengths and
 acceptance).
+Before its first trace each server is walked through every power-of-two batch up to
+``--warm-up-batch`` (default the servers' ``--max-running-requests``), so no contender
+pays a first-use compile inside the trace (``warm_up``).
 ``--quick`` (60 s bursty trace; no-spec, standalone-k3, faser) fits one device call.
 """
 
@@ -169,8 +172,7 @@ def run_one(args: argparse.Namespace, replays: Sequence[Replay], name: str, gpu:
     runs = []
     with servers.launch(args.target, (*args.server_args, *c.args), env=env, timeout=1200) as server:
         print(f"[ab] {name}: ready in {time.monotonic() - t0:.0f}s{where}", flush=True)
-        warm = replays[0].reqs[:4]
-        replay(server.base_url, warm, [0.0] * len(warm), args.sampling)
+        warm_up(server.base_url, replays[0].reqs, args.sampling, warm_up_batch(args))
         for r in replays:
             servers.flush_cache(server.base_url)
             what = "main trace" if r.rate is None else f"Poisson {r.rate:g} req/s"
@@ -183,6 +185,42 @@ def run_one(args: argparse.Namespace, replays: Sequence[Replay], name: str, gpu:
         keep_log_lines(server.log_path, args.out / "server-logs" / f"{name}.log")
     print(f"[ab] {name}: done in {time.monotonic() - t0:.0f}s{where}", flush=True)
     return runs
+
+
+# New tokens per warm-up request: a few decode steps at each batch size.
+WARM_UP_TOKENS = 8
+
+
+def warm_up_batch(args: argparse.Namespace) -> int:
+    """The largest batch the warm-up walks a server up to: ``--warm-up-batch``, else the
+    servers' ``--max-running-requests``, else 4."""
+    if args.warm_up_batch:
+        return args.warm_up_batch
+    flags = list(args.server_args)
+    if "--max-running-requests" in flags:
+        return int(flags[flags.index("--max-running-requests") + 1])
+    return 4
+
+
+def warm_up(base_url: str, reqs: Sequence[workloads.Request], sampling: dict, max_batch: int) -> None:
+    """Walk a server's batch through every power of two up to ``max_batch`` (that many
+    requests at once, WARM_UP_TOKENS new tokens each), so work a server does the first
+    time it meets a batch size is done before the trace. On a fresh GPU machine SGLang's
+    speculative decode compiles a Triton kernel for each power of two it first decodes
+    (kernel_warmup.py): ~0.1 s each, which would fall into the trace's first bursts
+    and slow the speculative contenders only."""
+    batch = 1
+    while True:
+        size = min(batch, max_batch)
+        prompts = itertools.islice(itertools.cycle(reqs), size)
+        warm = [workloads.Request(r.id, r.prompt, WARM_UP_TOKENS, r.category) for r in prompts]
+        result = replay(base_url, warm, [0.0] * size, sampling)
+        failed = [t for t in result.timings if t.error]
+        if failed:
+            raise RuntimeError(f"warm-up at {size} requests: {len(failed)} failed, e.g. {failed[0].error}")
+        if size == max_batch:
+            return
+        batch *= 2
 
 
 # Server log lines worth keeping per contender: SGLang's batch lines (running requests,
@@ -328,6 +366,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: every request samples (default greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="of sampled requests, in (0, 1]")
+    p.add_argument("--warm-up-batch", type=int, default=0,
+                   help="walk each server up to this batch before timing (default: --max-running-requests in "
+                   "--server-args, else 4)")
     p.add_argument("--quick", action="store_true", help="60 s trace, three contenders")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="passed to every server (last)")
     args = p.parse_args(argv)
@@ -335,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--temperature must be >= 0")
     if not 0 < args.top_p <= 1:
         p.error("--top-p must be in (0, 1]")
+    if args.warm_up_batch < 0:
+        p.error("--warm-up-batch must be >= 0 (0: the servers' --max-running-requests)")
     args.sampling = sampling_params(args.temperature, args.top_p)
     if args.quick:
         args.duration = min(args.duration, 60.0)
