@@ -1,7 +1,7 @@
 """Where a scheduler's loop iterations spend their time, from FASER_SCHED_TIMELINE files.
 
     python scripts/sched_timeline.py DIR|sched-<pid>.jsonl[.gz] [...] [--from S] [--to S] \
-        [--stat median] [--by-batch 8,32,128] [--above 11.5]
+        [--stat median] [--by-batch 8,32,128] [--above 11.5] [--stall-ms 50]
 
 Reads the timelines that ``faser_sglang.sched_timeline`` writes. An iteration runs
 from one ``get_next_batch_to_run`` call to the next, and its kind is the mode of the
@@ -20,7 +20,8 @@ medians, robust to a fresh server's first kernel compiles), then each server's C
 allocator retries. ``--by-batch`` splits the rows by batch size (a step's cost depends
 on it, and servers that keep up differently run different batches); ``--above`` splits
 them at an iteration time, which on a FASER server tells its drafting steps (whose time
-the timeline does not mark) from its plain ones.
+the timeline does not mark) from its plain ones. Then each server's batch picks slower
+than ``--stall-ms`` (``pick_stalls``): one per new batch size is a first-use compile.
 """
 
 from __future__ import annotations
@@ -167,6 +168,26 @@ def alloc_retries(timelines: list[Timeline]) -> str:
     return "\n".join(lines)
 
 
+def pick_stalls(timelines: list[Timeline], over_ms: float, start: float = 0.0, end: float = float("inf")) -> str:
+    """One line per server with batch picks slower than ``over_ms``: how many, their
+    total, and the first few as (seconds from the first busy iteration, kind, batch
+    size, ms). A pick that stalls once per new batch size is a first-use compile: on a
+    fresh machine, before the startup warm-up (spec_worker/kernel_warmup.py), SGLang's
+    speculative KV allocation kernel compiled there."""
+    lines = []
+    for timeline in timelines:
+        picks = [r for r in timeline.records if r["fn"] == "get_next_batch_to_run"]
+        busy = [r["t"] for r in picks if r["mode"] != "idle"]
+        if not busy:
+            continue
+        slow = [r for r in picks if r["ms"] > over_ms and start <= r["t"] - busy[0] < end]
+        if slow:
+            first = ", ".join(f"({r['t'] - busy[0]:.2f} s, {r['mode']}, {r['bs']}, {r['ms']:.0f} ms)" for r in slow[:8])
+            total = sum(r["ms"] for r in slow)
+            lines.append(f"- {timeline.name}: {len(slow)} picks over {over_ms:g} ms, {total:.0f} ms in all: {first}")
+    return "\n".join(lines)
+
+
 def files(paths: list[Path]) -> list[Path]:
     out = []
     for path in paths:
@@ -187,9 +208,10 @@ if __name__ == "__main__":
     parser.add_argument(
         "--above", type=float, help="also split each row at this iteration ms (a FASER server's drafting steps)"
     )
+    parser.add_argument("--stall-ms", type=float, default=50.0, help="list batch picks slower than this")
     args = parser.parse_args()
     timelines = [load(p) for p in files(args.paths)]
     print(table(timelines, args.start, args.end, args.stat, args.by_batch, args.above))
-    retries = alloc_retries(timelines)
-    if retries:
-        print("\n" + retries)
+    for extra in (alloc_retries(timelines), pick_stalls(timelines, args.stall_ms, args.start, args.end)):
+        if extra:
+            print("\n" + extra)

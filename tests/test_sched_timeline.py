@@ -92,3 +92,23 @@ def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
 def test_no_hooks_without_the_environment_variable(monkeypatch):
     monkeypatch.delenv(sched_timeline.TIMELINE_ENV, raising=False)
     assert sched_timeline.timeline_dir() is None
+
+
+def test_pick_stalls_lists_slow_batch_picks_per_server():
+    from conftest import load_script
+
+    script = load_script("sched_timeline")
+
+    def pick(t, mode, bs, ms):
+        return {"fn": "get_next_batch_to_run", "t": t, "ms": ms, "mode": mode, "bs": bs, "tokens": bs}
+
+    stalled = script.Timeline("faser k7 (1)", [
+        pick(9.0, "idle", 0, 0.1), pick(10.0, "prefill", 1, 1.5), pick(10.1, "decode", 21, 107.5),
+        pick(10.3, "decode", 24, 0.4), pick(12.0, "decode", 40, 111.6),
+    ])  # fmt: skip
+    steady = script.Timeline("no-spec (2)", [pick(10.0, "prefill", 1, 1.2), pick(10.1, "decode", 21, 0.3)])
+    text = script.pick_stalls([stalled, steady], 50.0)
+    assert text == (
+        "- faser k7 (1): 2 picks over 50 ms, 219 ms in all: (0.10 s, decode, 21, 108 ms), (2.00 s, decode, 40, 112 ms)"
+    )
+    assert "decode, 40" not in script.pick_stalls([stalled], 50.0, end=1.0)
