@@ -26,7 +26,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# A request row may start at this one: empty ranges write nothing into it.
+# The request row every warm-up launch names; its empty ranges write nothing there.
 ANY_ROW = 0
 
 
