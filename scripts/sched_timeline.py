@@ -80,16 +80,21 @@ def load(path: Path) -> Timeline:
     return Timeline(server_name(header), [r for r in lines if not r.get("header")])
 
 
+def picks_and_origin(records: list[dict]) -> tuple[list[dict], Optional[float]]:
+    """The batch picks, and the time of the first busy one (None: the server never ran a
+    batch), from which ``--from`` / ``--to`` count."""
+    picks = [r for r in records if r["fn"] == "get_next_batch_to_run"]
+    return picks, next((r["t"] for r in picks if r["mode"] != "idle"), None)
+
+
 def iteration_stats(
     records: list[dict], start: float = 0.0, end: float = float("inf")
 ) -> dict[str, list[dict[str, float]]]:
     """Per iteration kind, each iteration's ``split`` (the last iteration, which has no
     end, left out)."""
-    picks = [r for r in records if r["fn"] == "get_next_batch_to_run"]
-    busy = [r["t"] for r in picks if r["mode"] != "idle"]
-    if not busy:
+    picks, origin = picks_and_origin(records)
+    if origin is None:
         return {}
-    origin = busy[0]
     calls = sorted((r for r in records if r["fn"] != "get_next_batch_to_run"), key=lambda r: r["t"])
     stats: dict[str, list[dict[str, float]]] = defaultdict(list)
     j = 0
@@ -176,13 +181,12 @@ def pick_stalls(timelines: list[Timeline], over_ms: float, start: float = 0.0, e
     speculative KV allocation kernel compiled there."""
     lines = []
     for timeline in timelines:
-        picks = [r for r in timeline.records if r["fn"] == "get_next_batch_to_run"]
-        busy = [r["t"] for r in picks if r["mode"] != "idle"]
-        if not busy:
+        picks, origin = picks_and_origin(timeline.records)
+        if origin is None:
             continue
-        slow = [r for r in picks if r["ms"] > over_ms and start <= r["t"] - busy[0] < end]
+        slow = [r for r in picks if r["ms"] > over_ms and start <= r["t"] - origin < end]
         if slow:
-            first = ", ".join(f"({r['t'] - busy[0]:.2f} s, {r['mode']}, {r['bs']}, {r['ms']:.0f} ms)" for r in slow[:8])
+            first = ", ".join(f"({r['t'] - origin:.2f} s, {r['mode']}, {r['bs']}, {r['ms']:.0f} ms)" for r in slow[:8])
             total = sum(r["ms"] for r in slow)
             lines.append(f"- {timeline.name}: {len(slow)} picks over {over_ms:g} ms, {total:.0f} ms in all: {first}")
     return "\n".join(lines)
