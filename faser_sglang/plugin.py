@@ -10,7 +10,9 @@ that drafts ahead reserves the KV its chains write
 (``faser_sglang.kv_reserve``), and
 requests are checked before they reach the scheduler (``faser_sglang.request_guard``);
 with ``FASER_SCHED_TIMELINE`` set, the scheduler loop's host timeline is recorded, in
-any server (``faser_sglang.sched_timeline``).
+any server (``faser_sglang.sched_timeline``); with ``FASER_WARM_SPEC_KERNELS`` set,
+SGLang's own speculative servers compile their KV allocation kernel at startup, as
+FASER's does (``faser_sglang.baseline_warmup``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from faser_sglang import kv_reserve, memory_plan, request_guard, sched_timeline
+from faser_sglang import baseline_warmup, kv_reserve, memory_plan, request_guard, sched_timeline
 from faser_sglang.spec_worker import validation
 
 ALGORITHM_NAME = "FASER"
@@ -101,6 +103,8 @@ def register() -> None:
     if sched_timeline.timeline_dir() is not None:
         for target, hook in sched_timeline.hooks():
             HookRegistry.register(target, hook, HookType.AROUND)
+    if baseline_warmup.enabled():
+        HookRegistry.register(baseline_warmup.SCHEDULER_INIT, baseline_warmup.warm_after_init, HookType.AFTER)
 
 
 def _registered() -> bool:

@@ -41,6 +41,11 @@ def test_ab_quick_run_writes_report(tiny_models, tmp_path, cpu_server_env):
     # Each server's batch lines are kept; FASER's also carry its length histogram.
     assert "Decode batch" in (out / "server-logs" / "no-spec.log").read_text()
     assert "FASER" in (out / "server-logs" / "faser.log").read_text()
+    # Every speculative server warms SGLang's allocation kernel at startup (baseline_warmup.py;
+    # nothing to compile off CUDA); no-spec has none to warm.
+    warm = "FASER FASER_WARM_SPEC_KERNELS: STANDALONE server, 0 launches"
+    assert warm in (out / "server-logs" / "standalone-k3.log").read_text()
+    assert "FASER_WARM_SPEC_KERNELS" not in (out / "server-logs" / "no-spec.log").read_text()
     run = json.loads((out / "run.json").read_text())
     # Greedy speculation is lossless: CPU float32 runs must match exactly.
     assert run["greedy_mismatches_vs_no_spec"] == {"no-spec-control": 0, "standalone-k3": 0, "faser": 0}

@@ -36,7 +36,9 @@ rate_sweep.png and sweep.json with ``--sweep-rates``, and server-logs/<contender
 acceptance).
 Before its first trace each server is walked through every power-of-two batch up to
 ``--warm-up-batch`` (default the servers' ``--max-running-requests``), so no contender
-pays a first-use compile inside the trace (``warm_up``).
+pays a first-use cost inside the trace (``warm_up``), and every speculative server
+compiles SGLang's KV allocation kernel at startup, as FASER's does
+(``FASER_WARM_SPEC_KERNELS``, faser_sglang/baseline_warmup.py).
 ``--quick`` (60 s bursty trace; no-spec, standalone-k3, faser) fits one device call.
 """
 
@@ -53,6 +55,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from faser_sglang import baseline_warmup
 from faser_sglang.bench import report as rep
 from faser_sglang.bench import servers, traces, workloads
 from faser_sglang.bench.client import ReplayResult, replay
@@ -166,7 +169,9 @@ def run_one(args: argparse.Namespace, replays: Sequence[Replay], name: str, gpu:
     """One contender's server replays every trace; the radix cache is flushed between
     traces, so a trace does not start with the previous one's prompts cached."""
     c = servers.contender(name, args.draft, args.k_max, args.faser_config, args.faser_ad_config)
-    env = dict(c.env) if gpu is None else {**c.env, "CUDA_VISIBLE_DEVICES": gpu}
+    env = {**c.env, baseline_warmup.ENV: "1"}  # STANDALONE's compiles before the trace, as FASER's
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     where = "" if gpu is None else f" on GPU {gpu}"
     t0 = time.monotonic()
     runs = []

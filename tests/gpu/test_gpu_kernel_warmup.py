@@ -1,12 +1,18 @@
 """The startup warm-up compiles every variant of SGLang's speculative KV allocation
 kernel a decode step uses (kernel_warmup.py): afterwards a decode batch of any size up
 to the warmed one, with its KV slots at an unaligned place in the free list, compiles
-nothing and writes its rows as before; a larger one still compiles."""
+nothing and writes its rows as before; a larger one still compiles. A STANDALONE server
+with FASER_WARM_SPEC_KERNELS set runs the same warm-up (baseline_warmup.py)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+import requests
 import torch
+
+from conftest import build_tiny_models
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,3 +67,27 @@ def test_warm_up_compiles_every_decode_variant():
     # The count sees a compile: a batch past the warmed sizes (bucket 64 -> 128) makes one.
     assign(req_to_token, list(range(48)) + list(range(17)), [0] * 65, [0] * 65, 0)
     assert compiled_variants() == warmed + 1
+
+
+def test_standalone_server_warms_up_with_the_variable(tmp_path):
+    from faser_sglang import baseline_warmup
+    from faser_sglang.bench import servers
+    from faser_sglang.spec_worker.kernel_warmup import batch_buckets
+
+    # FlashInfer kernels need head_dim >= 64: 256 hidden / 4 heads.
+    models = build_tiny_models(tmp_path, hidden_size=256, intermediate_size=512)
+    standalone = servers.contender("standalone-k3", str(models.draft), 3)
+    flags = (
+        "--attention-backend", "flashinfer", "--dtype", "bfloat16", "--cuda-graph-backend-prefill", "disabled",
+        "--mem-fraction-static", "0.3", "--max-running-requests", "24", *standalone.args,
+    )  # fmt: skip
+    with servers.launch(models.target, flags, env={baseline_warmup.ENV: "1"}) as server:
+        r = requests.post(
+            server.base_url + "/generate",
+            json={"text": ["def f(x):"] * 5, "sampling_params": {"max_new_tokens": 16, "temperature": 0}},
+            timeout=300,
+        )
+        r.raise_for_status()
+        log = server.log_tail(2_000_000)
+    (launches,) = re.findall(r"STANDALONE server, (\d+) launches", log)
+    assert int(launches) == 2 * len(batch_buckets(24))  # aligned and not, per power of two up to 32
