@@ -9,14 +9,20 @@ server's speculative algorithm. Then there is one line per call of these functio
 - ``Scheduler.process_batch_result``: waits for a batch's result on the overlap
   schedule, then streams it;
 - ``FutureMap.resolve_seq_lens_cpu``: a speculative decode batch waits here for the
-  previous step's published lengths.
+  previous step's published lengths;
+- ``TpModelWorker.forward_batch_generation`` ("target_forward"): the target model's
+  forward, inside ``run_batch``: every forward of a server without speculation, and a
+  FASER server's prefills and verifies. What a speculative server's ``run_batch`` spends
+  outside it is its own work around the target's.
 
 Each line is ``{"fn", "t", "ms", "mode", "bs", "tokens"}``:
 - ``t``: ``time.perf_counter()`` at entry, in seconds;
 - ``ms``: the call's host time, any wait for the GPU inside it included;
 - ``mode``: "prefill", "decode", "idle" (nothing to run; only the first of a run of
   idle loop turns is recorded) or another SGLang forward mode;
-- ``bs`` and ``tokens``: the batch's requests and the tokens it feeds.
+- ``bs`` and ``tokens``: the batch's requests and the tokens it feeds (for a
+  target forward given SGLang's ForwardBatch instead of a batch: its rows and input
+  tokens).
 
 A recorded idle pick also carries ``alloc_retries``: PyTorch's caching allocator's
 ``num_alloc_retries`` so far on this process's GPU (None without CUDA). A retry frees
@@ -26,7 +32,7 @@ server's ``FASER_CONFIG`` file, which tells apart FASER servers of one run.
 
 Nothing here synchronizes the device, so a traced server keeps its overlap. Each
 call costs the host one JSON line, written line-buffered: ~16 us on a 2-core CPU.
-That is up to 4 calls per iteration, a few percent of a 3 ms decode iteration. The hooks go in
+That is up to 5 calls per iteration, a few percent of a 3 ms decode iteration. The hooks go in
 through SGLang's HookRegistry (plugin.py). ``scripts/sched_timeline.py`` reads the
 files.
 """
@@ -47,6 +53,7 @@ TIMELINE_ENV = "FASER_SCHED_TIMELINE"
 
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
+TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 
 _file: Optional[TextIO] = None
 _idle = False  # the latest get_next_batch_to_run found nothing to run
@@ -77,6 +84,19 @@ def _batch_fields(batch: Any) -> dict[str, Any]:
     return {"mode": name, "bs": len(batch.reqs), "tokens": tokens}
 
 
+def _target_fields(args: tuple, kwargs: dict, out: Any) -> dict[str, Any]:
+    """``forward_batch_generation(batch, forward_batch=None, ...)``'s batch fields: the
+    ScheduleBatch's, or those of the ForwardBatch FASER's verify passes instead, which
+    has rows and input ids, not requests (shapes only: no device read)."""
+    batch = args[1] if len(args) > 1 else kwargs.get("batch")
+    if batch is not None:
+        return _batch_fields(batch)
+    forward_batch = kwargs["forward_batch"]
+    mode = forward_batch.forward_mode
+    name = "prefill" if mode.is_extend() else "decode" if mode.is_decode() else mode.name.lower()
+    return {"mode": name, "bs": forward_batch.batch_size, "tokens": int(forward_batch.input_ids.shape[0])}
+
+
 def _open(scheduler: Any) -> TextIO:
     """This process's file; the first call opens it and writes the header from the
     scheduler's server args."""
@@ -99,27 +119,29 @@ def _open(scheduler: Any) -> TextIO:
     return _file
 
 
-def _timed(fn: str, batch_of: Callable[[tuple, Any], Any]) -> Callable:
-    """An AROUND hook that records ``fn``'s host time and the batch it handled."""
+def _timed(
+    fn: str, fields_of: Callable[[tuple, dict, Any], dict[str, Any]], scheduler_call: bool = True
+) -> Callable:
+    """An AROUND hook that records ``fn``'s host time and the batch it handled
+    (``fields_of(args, kwargs, result)``). Only a scheduler's call opens the file: the
+    header needs the scheduler, and the other calls come after its first batch pick."""
 
     def hook(original, *args, **kwargs):
         global _idle
         start = time.perf_counter()
         out = original(*args, **kwargs)
         ms = 1e3 * (time.perf_counter() - start)
-        batch = batch_of(args, out)
         if fn == "get_next_batch_to_run":
             # An idle server spins through the loop: its first idle pick closes the busy
             # iteration before it, the rest are not recorded.
-            if batch is None and _idle:
+            idle = out.batch_to_run is None
+            if idle and _idle:
                 return out
-            _idle = batch is None
-        fields = _batch_fields(batch)
+            _idle = idle
+        fields = fields_of(args, kwargs, out)
         if fields["mode"] == "idle" and fn == "get_next_batch_to_run":
             fields["alloc_retries"] = _alloc_retries()
-        # A FutureMap call comes after the scheduler's first get_next_batch_to_run,
-        # which opened the file; the header needs the scheduler.
-        if _file is not None or fn != "resolve_seq_lens_cpu":
+        if _file is not None or scheduler_call:
             record = {"fn": fn, "t": round(start, 6), "ms": round(ms, 3), **fields}
             _open(args[0]).write(json.dumps(record) + "\n")
         return out
@@ -135,9 +157,17 @@ def _alloc_retries() -> Optional[int]:
 
 def hooks() -> list[tuple[str, Callable]]:
     """(target, AROUND hook) pairs for HookRegistry."""
+
+    def batch_arg(args: tuple, kwargs: dict, out: Any) -> dict[str, Any]:
+        return _batch_fields(args[1])
+
+    def picked(args: tuple, kwargs: dict, out: Any) -> dict[str, Any]:
+        return _batch_fields(out.batch_to_run)
+
     return [
-        (f"{SCHEDULER}.get_next_batch_to_run", _timed("get_next_batch_to_run", lambda args, out: out.batch_to_run)),
-        (f"{SCHEDULER}.run_batch", _timed("run_batch", lambda args, out: args[1])),
-        (f"{SCHEDULER}.process_batch_result", _timed("process_batch_result", lambda args, out: args[1])),
-        (f"{FUTURE_MAP}.resolve_seq_lens_cpu", _timed("resolve_seq_lens_cpu", lambda args, out: args[1])),
+        (f"{SCHEDULER}.get_next_batch_to_run", _timed("get_next_batch_to_run", picked)),
+        (f"{SCHEDULER}.run_batch", _timed("run_batch", batch_arg)),
+        (f"{SCHEDULER}.process_batch_result", _timed("process_batch_result", batch_arg)),
+        (f"{FUTURE_MAP}.resolve_seq_lens_cpu", _timed("resolve_seq_lens_cpu", batch_arg, scheduler_call=False)),
+        (f"{TP_WORKER}.forward_batch_generation", _timed("target_forward", _target_fields, scheduler_call=False)),
     ]

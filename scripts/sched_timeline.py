@@ -8,7 +8,9 @@ from one ``get_next_batch_to_run`` call to the next, and its kind is the mode of
 batch that call picked; idle iterations are left out. The hooked calls made in the
 iteration are summed:
 - picking the batch;
-- launching it (``run_batch``, which holds ``resolve_seq_lens_cpu``'s wait);
+- launching it (``run_batch``, which holds ``resolve_seq_lens_cpu``'s wait and the
+  target model's forward, "target_forward", shown apart: what a speculative server's
+  launch spends outside it is its own work around the target's);
 - processing a result: the previous batch's on the overlap schedule, its wait for the
   GPU included.
 
@@ -37,7 +39,7 @@ from typing import Optional, Sequence
 
 from faser_sglang.sched_timeline import server_label
 
-CALLS = ("get_next_batch_to_run", "run_batch", "resolve_seq_lens_cpu", "process_batch_result")
+CALLS = ("get_next_batch_to_run", "run_batch", "resolve_seq_lens_cpu", "target_forward", "process_batch_result")
 
 
 @dataclass
@@ -56,7 +58,7 @@ def split(pick: dict, calls: list[dict], end_t: float) -> dict[str, float]:
     out["get_next_batch_to_run"] = pick["ms"]
     for call in calls:
         out[call["fn"]] += call["ms"]
-    # resolve_seq_lens_cpu runs inside run_batch: not counted twice.
+    # resolve_seq_lens_cpu and target_forward run inside run_batch: not counted twice.
     out["other"] = out["iteration"] - out["get_next_batch_to_run"] - out["run_batch"] - out["process_batch_result"]
     return out
 
@@ -151,8 +153,9 @@ def table(
     grouped = bool(edges) or above is not None
     batch = " batch |" if grouped else ""
     rows = [
-        f"| server | iteration |{batch} count | {stat} ms | pick | launch | (resolve wait) | result | other |",
-        "|---|---|" + ("---|" if grouped else "") + "---|---|---|---|---|---|---|",
+        f"| server | iteration |{batch} count | {stat} ms | pick | launch | (resolve wait) | (target forward) "
+        "| result | other |",
+        "|---|---|" + ("---|" if grouped else "") + "---|---|---|---|---|---|---|---|",
     ]
     for timeline in timelines:
         for mode, iterations in sorted(iteration_stats(timeline.records, start, end).items()):

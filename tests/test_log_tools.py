@@ -106,6 +106,7 @@ def test_timeline_iterations_sum_the_calls_inside_them(timeline):
         timeline_record("get_next_batch_to_run", 1.030, 0.2, "decode"),
         timeline_record("run_batch", 1.031, 4.0),
         timeline_record("resolve_seq_lens_cpu", 1.0311, 1.5),
+        timeline_record("target_forward", 1.0327, 2.0),
         timeline_record("process_batch_result", 1.036, 1.0, "prefill"),
         timeline_record("get_next_batch_to_run", 1.040, 0.1, "idle"),  # closes the decode iteration
     ]
@@ -116,17 +117,20 @@ def test_timeline_iterations_sum_the_calls_inside_them(timeline):
     assert [it["process_batch_result"] for it in stats["prefill"]] == pytest.approx([5.0, 0.0])
     assert [it["other"] for it in stats["prefill"]] == pytest.approx([2.5, 16.6])
     assert stats["decode"][0]["resolve_seq_lens_cpu"] == pytest.approx(1.5)
+    assert stats["decode"][0]["target_forward"] == pytest.approx(2.0)
     # A window from 25 ms after the first busy iteration keeps the decode iteration alone.
     assert set(timeline.iteration_stats(records, start=0.025)) == {"decode"}
 
     rows = timeline.table([timeline.Timeline("faser k7 (1)", records)]).splitlines()
     assert rows[0].startswith("| server | iteration | count | mean ms | pick |")
-    # 10.0 ms decode iteration: pick 0.2, launch 4.0 (resolve 1.5 inside), result 1.0, other 4.8
-    assert rows[2] == "| faser k7 (1) | decode | 1 | 10.00 | 0.20 | 4.00 | 1.50 | 1.00 | 4.80 |"
-    assert rows[3] == "| faser k7 (1) | prefill | 2 | 15.00 | 0.45 | 2.50 | 0.00 | 2.50 | 9.55 |"
+    assert rows[0].endswith("| launch | (resolve wait) | (target forward) | result | other |")
+    # 10.0 ms decode iteration: pick 0.2, launch 4.0 (resolve 1.5 and the target's forward
+    # 2.0 inside), result 1.0, other 4.8
+    assert rows[2] == "| faser k7 (1) | decode | 1 | 10.00 | 0.20 | 4.00 | 1.50 | 2.00 | 1.00 | 4.80 |"
+    assert rows[3] == "| faser k7 (1) | prefill | 2 | 15.00 | 0.45 | 2.50 | 0.00 | 0.00 | 2.50 | 9.55 |"
     medians = timeline.table([timeline.Timeline("faser k7 (1)", records)], stat="median").splitlines()
     assert medians[0].startswith("| server | iteration | count | median ms |")
-    assert medians[3] == "| faser k7 (1) | prefill | 2 | 15.00 | 0.45 | 2.50 | 0.00 | 2.50 | 9.55 |"
+    assert medians[3] == "| faser k7 (1) | prefill | 2 | 15.00 | 0.45 | 2.50 | 0.00 | 0.00 | 2.50 | 9.55 |"
 
 
 def test_timeline_rows_by_batch_size_and_iteration_time(timeline):

@@ -112,3 +112,35 @@ def test_pick_stalls_lists_slow_batch_picks_per_server():
         "- faser k7 (1): 2 picks over 50 ms, 219 ms in all: (0.10 s, decode, 21, 108 ms), (2.00 s, decode, 40, 112 ms)"
     )
     assert "decode, 40" not in script.pick_stalls([stalled], 50.0, end=1.0)
+
+
+def test_target_forward_records_a_batch_or_a_forward_batch(timeline_dir):
+    scheduler = SimpleNamespace(
+        server_args=SimpleNamespace(
+            model_path="m", speculative_algorithm=None, speculative_num_steps=None, disable_overlap_schedule=False
+        )
+    )
+    hooks = dict(sched_timeline.hooks())
+    pick = hooks[f"{sched_timeline.SCHEDULER}.get_next_batch_to_run"]
+    forward = hooks[f"{sched_timeline.TP_WORKER}.forward_batch_generation"]
+    worker = object()
+
+    def original(w, batch=None, forward_batch=None):
+        return "out"
+
+    forward(original, worker, batch("EXTEND", 1, extend_tokens=9))  # before the scheduler's first call
+    prefill = batch("EXTEND", 2, extend_tokens=40)
+    pick(lambda s: SimpleNamespace(batch_to_run=prefill), scheduler)
+    assert forward(original, worker, prefill) == "out"
+    # FASER's verify passes SGLang's ForwardBatch: rows and input ids, no requests.
+    verify = SimpleNamespace(forward_mode=Mode("DECODE"), batch_size=3, input_ids=SimpleNamespace(shape=(11,)))
+    forward(original, worker, None, forward_batch=verify)
+
+    (path,) = timeline_dir.glob("sched-*.jsonl")
+    lines = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    calls = [(r["fn"], r["mode"], r["bs"], r["tokens"]) for r in lines]
+    assert calls == [
+        ("get_next_batch_to_run", "prefill", 2, 40),
+        ("target_forward", "prefill", 2, 40),
+        ("target_forward", "decode", 3, 11),
+    ]
