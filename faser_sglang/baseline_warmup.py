@@ -42,12 +42,15 @@ def warm_after_init(result, scheduler, *args, **kwargs) -> None:
     algorithm = scheduler.spec_algorithm
     if algorithm.is_none() or isinstance(algorithm, FaserSpecAlgo):
         return None
-    launches = warm_decode_allocation(scheduler.req_to_token_pool.req_to_token, scheduler.max_running_requests)
+    max_batch = scheduler.max_running_requests
+    launches = warm_decode_allocation(scheduler.req_to_token_pool.req_to_token, max_batch)
     logger.info(
-        "FASER %s: %s server, %d launches of SGLang's speculative KV allocation kernel%s",
+        "FASER %s: %s server, %d launches of SGLang's speculative KV allocation kernel for "
+        "decode batches up to %d%s",
         ENV,
         algorithm.name,
         launches,
+        max_batch,
         "" if launches else " (none off CUDA)",
     )
     return None

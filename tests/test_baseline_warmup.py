@@ -40,7 +40,8 @@ def test_sglang_speculative_servers_warm_up(name, launches, caplog):
     with caplog.at_level("INFO", logger=baseline_warmup.__name__):
         assert baseline_warmup.warm_after_init(None, server) is None  # __init__ returns None
     assert launches == [(server.req_to_token_pool.req_to_token, 48)]
-    assert f"{name} server, 0 launches" in caplog.text
+    assert f"{name} server, 0 launches of SGLang's speculative KV allocation kernel" in caplog.text
+    assert "for decode batches up to 48 (none off CUDA)" in caplog.text
 
 
 def test_no_spec_and_faser_servers_do_not(launches):
