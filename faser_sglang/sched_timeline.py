@@ -11,18 +11,21 @@ server's speculative algorithm. Then there is one line per call of these functio
 - ``FutureMap.resolve_seq_lens_cpu``: a speculative decode batch waits here for the
   previous step's published lengths;
 - ``TpModelWorker.forward_batch_generation`` ("target_forward"): the target model's
-  forward, inside ``run_batch``: every forward of a server without speculation, and a
-  FASER server's prefills and verifies. What a speculative server's ``run_batch`` spends
-  outside it is its own work around the target's.
+  forward through SGLang's worker, inside ``run_batch``: every forward of a server
+  without speculation, every server's prefills, the verifies of SGLang's own
+  speculative servers, and FASER's plain decode steps (FASER's verify of drafts runs
+  the target's model runner directly and is not recorded here). On a prefill, what
+  ``run_batch`` spends outside it is the server's own work around the target's.
 
 Each line is ``{"fn", "t", "ms", "mode", "bs", "tokens"}``:
 - ``t``: ``time.perf_counter()`` at entry, in seconds;
 - ``ms``: the call's host time, any wait for the GPU inside it included;
-- ``mode``: "prefill", "decode", "idle" (nothing to run; only the first of a run of
-  idle loop turns is recorded) or another SGLang forward mode;
+- ``mode``: "prefill", "decode", "verify" (a target forward over drafts), "idle"
+  (nothing to run; only the first of a run of idle loop turns is recorded) or another
+  SGLang forward mode;
 - ``bs`` and ``tokens``: the batch's requests and the tokens it feeds (for a
   target forward given SGLang's ForwardBatch instead of a batch: its rows and input
-  tokens).
+  tokens; None for a verify's batch).
 
 A recorded idle pick also carries ``alloc_retries``: PyTorch's caching allocator's
 ``num_alloc_retries`` so far on this process's GPU (None without CUDA). A retry frees
@@ -71,30 +74,36 @@ def server_label(algorithm: Optional[str], num_steps: Optional[int]) -> str:
     return algorithm.lower() + (f" k{num_steps}" if num_steps is not None else "")
 
 
+def _mode_name(mode: Any) -> str:
+    if mode.is_target_verify():  # before is_extend, which includes it
+        return "verify"
+    if mode.is_extend():
+        return "prefill"
+    return "decode" if mode.is_decode() else mode.name.lower()
+
+
 def _batch_fields(batch: Any) -> dict[str, Any]:
     if batch is None:
         return {"mode": "idle", "bs": 0, "tokens": 0}
-    mode = batch.forward_mode
-    if mode.is_extend():
-        name, tokens = "prefill", batch.extend_num_tokens
-    elif mode.is_decode():
-        name, tokens = "decode", len(batch.reqs)
-    else:
-        name, tokens = mode.name.lower(), None
+    name = _mode_name(batch.forward_mode)
+    tokens = {"prefill": batch.extend_num_tokens, "decode": len(batch.reqs)}.get(name)
     return {"mode": name, "bs": len(batch.reqs), "tokens": tokens}
 
 
 def _target_fields(args: tuple, kwargs: dict, out: Any) -> dict[str, Any]:
     """``forward_batch_generation(batch, forward_batch=None, ...)``'s batch fields: the
-    ScheduleBatch's, or those of the ForwardBatch FASER's verify passes instead, which
-    has rows and input ids, not requests (shapes only: no device read)."""
+    ScheduleBatch's, or else those of the ForwardBatch passed instead (FASER's plain
+    decode, SGLang's speculative verifies), which has rows and input ids, not requests
+    (shapes only: no device read)."""
     batch = args[1] if len(args) > 1 else kwargs.get("batch")
     if batch is not None:
         return _batch_fields(batch)
-    forward_batch = kwargs["forward_batch"]
-    mode = forward_batch.forward_mode
-    name = "prefill" if mode.is_extend() else "decode" if mode.is_decode() else mode.name.lower()
-    return {"mode": name, "bs": forward_batch.batch_size, "tokens": int(forward_batch.input_ids.shape[0])}
+    forward_batch = args[2] if len(args) > 2 else kwargs["forward_batch"]
+    return {
+        "mode": _mode_name(forward_batch.forward_mode),
+        "bs": forward_batch.batch_size,
+        "tokens": int(forward_batch.input_ids.shape[0]),
+    }
 
 
 def _open(scheduler: Any) -> TextIO:

@@ -9,8 +9,9 @@ batch that call picked; idle iterations are left out. The hooked calls made in t
 iteration are summed:
 - picking the batch;
 - launching it (``run_batch``, which holds ``resolve_seq_lens_cpu``'s wait and the
-  target model's forward, "target_forward", shown apart: what a speculative server's
-  launch spends outside it is its own work around the target's);
+  target model's forward through SGLang's worker, "target_forward", shown apart: in a
+  prefill, what a speculative server's launch spends outside it is its own work around
+  the target's; FASER's verify of drafts does not go through that worker);
 - processing a result: the previous batch's on the overlap schedule, its wait for the
   GPU included.
 

@@ -103,7 +103,7 @@ def test_scheduler_timeline_records_both_servers(nospec, faser, timelines):
         stats = script.iteration_stats(timeline.records)
         assert {"prefill", "decode"} <= set(stats)
         assert all(it["run_batch"] + it["process_batch_result"] <= it["iteration"] for it in stats["decode"])
-        # The target's forward runs inside the launch, in every prefill (and FASER's verifies).
+        # The target's forward runs inside the launch of every prefill.
         assert all(0 < it["target_forward"] <= it["run_batch"] for it in stats["prefill"])
         launches = [r for r in timeline.records if r["fn"] == "run_batch" and r["mode"] == "prefill"]
         assert all(r["tokens"] > 0 and r["bs"] > 0 for r in launches)

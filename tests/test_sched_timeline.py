@@ -17,7 +17,10 @@ class Mode:
         self.name = name
 
     def is_extend(self) -> bool:
-        return self.name == "EXTEND"
+        return self.name in ("EXTEND", "TARGET_VERIFY")  # as SGLang's
+
+    def is_target_verify(self) -> bool:
+        return self.name == "TARGET_VERIFY"
 
     def is_decode(self) -> bool:
         return self.name == "DECODE"
@@ -132,9 +135,13 @@ def test_target_forward_records_a_batch_or_a_forward_batch(timeline_dir):
     prefill = batch("EXTEND", 2, extend_tokens=40)
     pick(lambda s: SimpleNamespace(batch_to_run=prefill), scheduler)
     assert forward(original, worker, prefill) == "out"
-    # FASER's verify passes SGLang's ForwardBatch: rows and input ids, no requests.
-    verify = SimpleNamespace(forward_mode=Mode("DECODE"), batch_size=3, input_ids=SimpleNamespace(shape=(11,)))
-    forward(original, worker, None, forward_batch=verify)
+    # FASER's plain decode passes SGLang's ForwardBatch: rows and input ids, no requests;
+    # SGLang's verifies do too, some of them by position.
+    plain = SimpleNamespace(forward_mode=Mode("DECODE"), batch_size=3, input_ids=SimpleNamespace(shape=(3,)))
+    forward(original, worker, None, forward_batch=plain)
+    verify = SimpleNamespace(forward_mode=Mode("TARGET_VERIFY"), batch_size=3, input_ids=SimpleNamespace(shape=(12,)))
+    forward(original, worker, None, verify)
+    forward(original, worker, batch("TARGET_VERIFY", 2, extend_tokens=5))  # NGRAM's verify: a batch
 
     (path,) = timeline_dir.glob("sched-*.jsonl")
     lines = [json.loads(line) for line in path.read_text().splitlines()[1:]]
@@ -142,5 +149,7 @@ def test_target_forward_records_a_batch_or_a_forward_batch(timeline_dir):
     assert calls == [
         ("get_next_batch_to_run", "prefill", 2, 40),
         ("target_forward", "prefill", 2, 40),
-        ("target_forward", "decode", 3, 11),
+        ("target_forward", "decode", 3, 3),
+        ("target_forward", "verify", 3, 12),
+        ("target_forward", "verify", 2, None),
     ]
