@@ -30,6 +30,17 @@ def batch(mode: str, bs: int, extend_tokens: int | None = None):
     return SimpleNamespace(forward_mode=Mode(mode), reqs=[object()] * bs, extend_num_tokens=extend_tokens)
 
 
+def read_lines(directory) -> list[dict]:
+    """This process's timeline file: its header, then one record per call."""
+    (path,) = directory.glob("sched-*.jsonl")
+    assert path.name == f"sched-{os.getpid()}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def calls_of(records: list[dict]) -> list[tuple]:
+    return [(r["fn"], r["mode"], r["bs"], r["tokens"]) for r in records]
+
+
 @pytest.fixture
 def timeline_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(sched_timeline.TIMELINE_ENV, str(tmp_path / "t"))
@@ -64,9 +75,7 @@ def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
     pick(lambda s: SimpleNamespace(batch_to_run=prefill), scheduler)
     pick(lambda s: SimpleNamespace(batch_to_run=None), scheduler)
 
-    (path,) = timeline_dir.glob("sched-*.jsonl")
-    assert path.name == f"sched-{os.getpid()}.jsonl"
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    lines = read_lines(timeline_dir)
     assert lines[0] == {
         "header": True,
         "pid": os.getpid(),
@@ -76,8 +85,7 @@ def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
         "overlap": True,
         "faser_config": None,
     }
-    calls = [(r["fn"], r["mode"], r["bs"], r["tokens"]) for r in lines[1:]]
-    assert calls == [
+    assert calls_of(lines[1:]) == [
         ("get_next_batch_to_run", "prefill", 2, 40),
         ("run_batch", "prefill", 2, 40),
         ("resolve_seq_lens_cpu", "decode", 3, 3),
@@ -143,10 +151,7 @@ def test_target_forward_records_a_batch_or_a_forward_batch(timeline_dir):
     forward(original, worker, None, verify)
     forward(original, worker, batch("TARGET_VERIFY", 2, extend_tokens=5))  # NGRAM's verify: a batch
 
-    (path,) = timeline_dir.glob("sched-*.jsonl")
-    lines = [json.loads(line) for line in path.read_text().splitlines()[1:]]
-    calls = [(r["fn"], r["mode"], r["bs"], r["tokens"]) for r in lines]
-    assert calls == [
+    assert calls_of(read_lines(timeline_dir)[1:]) == [
         ("get_next_batch_to_run", "prefill", 2, 40),
         ("target_forward", "prefill", 2, 40),
         ("target_forward", "decode", 3, 3),
