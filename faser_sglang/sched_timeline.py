@@ -86,7 +86,12 @@ def _batch_fields(batch: Any) -> dict[str, Any]:
     if batch is None:
         return {"mode": "idle", "bs": 0, "tokens": 0}
     name = _mode_name(batch.forward_mode)
-    tokens = {"prefill": batch.extend_num_tokens, "decode": len(batch.reqs)}.get(name)
+    if name == "prefill":
+        tokens = batch.extend_num_tokens
+    elif name == "decode":
+        tokens = len(batch.reqs)
+    else:
+        tokens = None
     return {"mode": name, "bs": len(batch.reqs), "tokens": tokens}
 
 
