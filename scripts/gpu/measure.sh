@@ -38,6 +38,9 @@
 #                                                            requests and the decode graphs, so the verify's
 #                                                            token budget: 64 - C drafts per step at C requests
 #   period-wait                                              wait for "period" (at most WAIT s)
+#   twins-ab (after call 1)                                  the bursty A/B (CONTENDERS, SCHED_TIMELINE, SPY) on
+#                                                            those twins, no GGUF, FASER-AD on the analytical
+#                                                            cost model; first h2d-sync.md. Call 4 waits more
 # On one GPU the tests run in the background of call 1 (TESTS_K selects them, e.g.
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
 # the GPU-1 job and TP=2 runs are left out. Where a GPU machine is available for about
@@ -80,6 +83,7 @@ RES=/tmp/faser-results
 TINY=/tmp/faser-tiny
 MODELS=/tmp/faser-models
 WARM=/tmp/faser-warm
+DEEP=/tmp/faser-deep  # full-depth shape twins of the preset (stages "period" and "twins-ab")
 mkdir -p "$OUT" "$RES"
 log() { echo "[measure $(date -u +%T)] $*" | tee -a "$RES/measure.log"; }
 collect() { tar czf "$OUT/results.tgz" -C "$RES" . && log "collected: $(du -sh "$RES" | cut -f1)"; }
@@ -108,7 +112,8 @@ export FASER_GPU_RESULTS=$RES/gpu_results.jsonl
 NUM_GPUS=$(nvidia-smi -L | wc -l)
 # The bursty A/B, then throughput and latency vs request rate (Poisson, SWEEP_RATES),
 # each contender one server replaying all of them (calls 3 and "ab").
-AB_CMD="python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS/draft --out $RES/ab \
+ab_cmd() {  # ab_cmd MODELS_DIR: the A/B over MODELS_DIR/target and MODELS_DIR/draft
+  echo "python3 -m faser_sglang.bench.ab --target $1/target --draft $1/draft --out $RES/ab \
   $( (( NUM_GPUS >= 2 )) && echo --gpus 0 1) \
   --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad faser-ad-sync standalone-k1 standalone-k3 standalone-k5 ngram faser} \
   --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
@@ -116,6 +121,20 @@ AB_CMD="python3 -m faser_sglang.bench.ab --target $MODELS/target --draft $MODELS
   --sweep-rates ${SWEEP_RATES-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
   --temperature ${AB_TEMPERATURE:-0} --top-p 0.95 \
   --server-args $BIG_FLAGS 2>&1 | grep --line-buffered -v '^\[20' || true"  # later stages run regardless
+}
+ab_diagnosed() {  # ab_diagnosed MODELS_DIR: ab_cmd, with the scheduler timeline (SCHED_TIMELINE) and
+                  # py-spy (SPY) around it
+  cat <<EOF
+      rm -f $RES/spy.pid
+      rm -rf $RES/timeline
+      if [[ -n '${SCHED_TIMELINE:-}' ]]; then export FASER_SCHED_TIMELINE=$RES/timeline; fi
+      if [[ -n '${SPY:-}' ]]; then bash scripts/gpu/spy_schedulers.sh $RES/spy & echo \$! > $RES/spy.pid; fi
+      $(ab_cmd "$1")
+      if [[ -f $RES/spy.pid ]]; then kill \$(cat $RES/spy.pid) || true; fi
+      unset FASER_SCHED_TIMELINE
+      if [[ -d $RES/timeline ]]; then python3 scripts/sched_timeline.py $RES/timeline > $RES/timeline.md || true; fi
+EOF
+}
 
 case ${1:?call: 1|2|3|4} in
   1)
@@ -197,14 +216,7 @@ case ${1:?call: 1|2|3|4} in
           --concurrency ${STEP_CONCURRENCY:-1 4 8} --temperature ${STEP_TEMPERATURE:-0} --server-args '$BIG_FLAGS' 2>&1 | grep -v '^\[20' | tail -80 || true
         rm -f $RES/steps/*.trace.json.gz  # megabytes each; steps.json holds what they say
       fi
-      rm -f $RES/spy.pid
-      rm -rf $RES/timeline
-      if [[ -n '${SCHED_TIMELINE:-}' ]]; then export FASER_SCHED_TIMELINE=$RES/timeline; fi
-      if [[ -n '${SPY:-}' ]]; then bash scripts/gpu/spy_schedulers.sh $RES/spy & echo \$! > $RES/spy.pid; fi
-      $AB_CMD
-      if [[ -f $RES/spy.pid ]]; then kill \$(cat $RES/spy.pid) || true; fi
-      unset FASER_SCHED_TIMELINE
-      if [[ -d $RES/timeline ]]; then python3 scripts/sched_timeline.py $RES/timeline > $RES/timeline.md || true; fi
+$(ab_diagnosed $MODELS)
       if [[ -n '${AD_TRACE:-}' ]]; then
         python3 scripts/check_costs.py --costs $RES/costs.json --trace $RES/faser-ad-trace.jsonl \
           --steps-csv $RES/faser-ad-steps.csv > $RES/check-costs.md 2>&1 || true
@@ -257,11 +269,11 @@ case ${1:?call: 1|2|3|4} in
     rm -f $RES/period.done
     PERIOD_MAX_BS=${PERIOD_MAX_BS:-64}
     PERIOD_TOKENS=$(( PERIOD_MAX_BS * 900 > 100000 ? PERIOD_MAX_BS * 900 : 100000 ))  # 800 new tokens a request
-    background period "python3 scripts/build_models.py twins $TINY/target /tmp/faser-deep --preset $PAIR_PRESET \
+    background period "python3 scripts/build_models.py twins $TINY/target $DEEP --preset $PAIR_PRESET \
         --full-depth >/dev/null
       while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself
-      CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_host.py --target /tmp/faser-deep/target \
-        --draft /tmp/faser-deep/draft --out $RES/period --contenders ${CONTENDERS:-faser-k3@draft_ahead=true+speculative-draft-attention-backend=triton \
+      CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_host.py --target $DEEP/target \
+        --draft $DEEP/draft --out $RES/period --contenders ${CONTENDERS:-faser-k3@draft_ahead=true+speculative-draft-attention-backend=triton \
         faser-k3+speculative-draft-attention-backend=triton no-spec} \
         --concurrency ${HOST_CONCURRENCY:-1 4 16} --max-new-tokens ${MAX_NEW_TOKENS:-800} --server-args '$SERVER_FLAGS \
         --cuda-graph-max-bs $PERIOD_MAX_BS --max-running-requests $PERIOD_MAX_BS --mem-fraction-static 0.8 \
@@ -281,7 +293,25 @@ case ${1:?call: 1|2|3|4} in
     nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; sleep 3
     rm -f $RES/ab.done $RES/big.done
     log "background: A/B again (${CONTENDERS:-all contenders})"
-    background big "$AB_CMD; touch $RES/ab.done $RES/big.done"
+    background big "$(ab_cmd $MODELS); touch $RES/ab.done $RES/big.done"
+    wait_for big.done; grep '^\[ab\]' "$RES/big.log" | tail -20 ;;
+  twins-ab)  # the bursty A/B (CONTENDERS, with SCHED_TIMELINE and SPY as in call 3) on full-depth
+             # shape twins of the preset: the pair's forward costs without the GGUF or a pair
+             # build, every draft accepted, FASER-AD on the analytical cost model (a profile of
+             # twins would price drafts no real pair accepts). For host-side questions, such
+             # as what a prefill's launch costs each server; first how long a small
+             # host-to-device copy waits behind queued GPU work on this machine
+             # (h2d-sync.md). After call 1; the call waits at most WAIT s, call 4 waits more
+    [[ -d $TINY/target ]] || python3 scripts/build_models.py tiny $TINY/target >/dev/null
+    python3 scripts/gpu/check_h2d_sync.py 2>&1 | tee "$RES/h2d-sync.md"
+    echo '{"policy": "adaptive", "sampled_chain": false}' > $RES/faser-ad.json
+    rm -f $RES/ab.done $RES/big.done
+    log "background: full-depth shape twins, then the A/B on them (${CONTENDERS:-all contenders})"
+    background big "set -eo pipefail
+      python3 scripts/build_models.py twins $TINY/target $DEEP --preset $PAIR_PRESET --full-depth >/dev/null
+      while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself
+      $(ab_diagnosed $DEEP)
+      touch $RES/ab.done $RES/big.done"
     wait_for big.done; grep '^\[ab\]' "$RES/big.log" | tail -20 ;;
   4)
     # Wait for "big", at most $WAIT seconds (the call's limit is 600), collecting every
