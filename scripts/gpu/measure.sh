@@ -38,6 +38,8 @@
 #                                                            requests and the decode graphs, so the verify's
 #                                                            token budget: 64 - C drafts per step at C requests
 #   period-wait                                              wait for "period" (at most WAIT s)
+#   tiny-ab (any time, one call)                            h2d-sync.md, TESTS_K, then the bursty A/B (CONTENDERS,
+#                                                            SCHED_TIMELINE, SPY) on the tiny pair, 64 new tokens
 #   twins-ab (after call 1)                                  the bursty A/B (CONTENDERS, SCHED_TIMELINE, SPY) on
 #                                                            those twins, no GGUF, FASER-AD on the analytical
 #                                                            cost model; first h2d-sync.md. Call 4 waits more
@@ -112,24 +114,25 @@ export FASER_GPU_RESULTS=$RES/gpu_results.jsonl
 NUM_GPUS=$(nvidia-smi -L | wc -l)
 # The bursty A/B, then throughput and latency vs request rate (Poisson, SWEEP_RATES),
 # each contender one server replaying all of them (calls 3 and "ab").
-ab_cmd() {  # ab_cmd MODELS_DIR: the A/B over MODELS_DIR/target and MODELS_DIR/draft
+ab_cmd() {  # ab_cmd MODELS_DIR [SERVER_FLAGS] [NEW_TOKENS]: the A/B over MODELS_DIR/target and
+            # MODELS_DIR/draft (default BIG_FLAGS, 256 new tokens a request)
   echo "python3 -m faser_sglang.bench.ab --target $1/target --draft $1/draft --out $RES/ab \
   $( (( NUM_GPUS >= 2 )) && echo --gpus 0 1) \
   --contenders ${CONTENDERS:-no-spec no-spec-control faser-ad faser-ad-sync standalone-k1 standalone-k3 standalone-k5 ngram faser} \
-  --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens 256 --k-max 7 \
+  --faser-ad-config $RES/faser-ad.json --workload humaneval --max-new-tokens ${3:-256} --k-max 7 \
   --rate ${RATE:-6} --peak-to-valley 20 --duration ${DURATION:-60} --burst-min 5 --burst-max 20 \
   --sweep-rates ${SWEEP_RATES-2 6 12} --sweep-duration ${SWEEP_DURATION:-30} \
   --temperature ${AB_TEMPERATURE:-0} --top-p 0.95 \
-  --server-args $BIG_FLAGS 2>&1 | grep --line-buffered -v '^\[20' || true"  # later stages run regardless
+  --server-args ${2:-$BIG_FLAGS} 2>&1 | grep --line-buffered -v '^\[20' || true"  # later stages run regardless
 }
-ab_diagnosed() {  # ab_diagnosed MODELS_DIR: ab_cmd, with the scheduler timeline (SCHED_TIMELINE) and
-                  # py-spy (SPY) around it
+ab_diagnosed() {  # ab_diagnosed MODELS_DIR [SERVER_FLAGS] [NEW_TOKENS]: ab_cmd, with the scheduler
+                  # timeline (SCHED_TIMELINE) and py-spy (SPY) around it
   cat <<EOF
       rm -f $RES/spy.pid
       rm -rf $RES/timeline
       if [[ -n '${SCHED_TIMELINE:-}' ]]; then export FASER_SCHED_TIMELINE=$RES/timeline; fi
       if [[ -n '${SPY:-}' ]]; then bash scripts/gpu/spy_schedulers.sh $RES/spy & echo \$! > $RES/spy.pid; fi
-      $(ab_cmd "$1")
+      $(ab_cmd "$@")
       if [[ -f $RES/spy.pid ]]; then kill \$(cat $RES/spy.pid) || true; fi
       unset FASER_SCHED_TIMELINE
       if [[ -d $RES/timeline ]]; then python3 scripts/sched_timeline.py $RES/timeline > $RES/timeline.md || true; fi
@@ -313,6 +316,17 @@ $(ab_diagnosed $MODELS)
       $(ab_diagnosed $DEEP)
       touch $RES/ab.done $RES/big.done"
     wait_for big.done; grep '^\[ab\]' "$RES/big.log" | tail -20 ;;
+  tiny-ab)  # on a fresh machine, in one call of a few minutes, no GGUF: how long a small
+            # host-to-device copy waits behind queued GPU work (h2d-sync.md), the GPU tests
+            # TESTS_K if set, then the bursty A/B (CONTENDERS, SCHED_TIMELINE, SPY, RATE,
+            # DURATION, SWEEP_RATES) on the tiny pair with 64 new tokens a request. A host cost
+            # that does not grow with the model's depth shows here in full
+    python3 scripts/build_models.py tiny $TINY/target >/dev/null
+    python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
+    python3 scripts/gpu/check_h2d_sync.py 2>&1 | tee "$RES/h2d-sync.md"
+    if [[ -n ${TESTS_K:-} ]]; then OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k "$TESTS_K" | tail -15; fi
+    echo '{"policy": "adaptive"}' > $RES/faser-ad.json
+    eval "$(ab_diagnosed $TINY "$TINY_FLAGS" 64)" ;;
   4)
     # Wait for "big", at most $WAIT seconds (the call's limit is 600), collecting every
     # minute so a call cut short still returns what was measured.
