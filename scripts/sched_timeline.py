@@ -19,8 +19,9 @@ The rest ("other") is the loop's remaining work: receiving requests and the loop
 itself. ``--from`` / ``--to`` keep the iterations that start in that window, in seconds
 from the server's first busy iteration. Prints one markdown table over all files, one
 row per server and iteration kind, in ms per iteration: means (``--stat median``:
-medians, robust to a fresh server's first kernel compiles), then each server's CUDA
-allocator retries. ``--by-batch`` splits the rows by batch size (a step's cost depends
+medians, robust to a fresh server's first kernel compiles), then each server's
+prefills as a line over the tokens they fed (``prefill_fits``: the intercept is a
+prefill's cost whatever its length) and its CUDA allocator retries. ``--by-batch`` splits the rows by batch size (a step's cost depends
 on it, and servers that keep up differently run different batches); ``--above`` splits
 them at an iteration time, which on a FASER server tells its drafting steps (whose time
 the timeline does not mark) from its plain ones. Then each server's batch picks slower
@@ -196,6 +197,32 @@ def pick_stalls(timelines: list[Timeline], over_ms: float, start: float = 0.0, e
     return "\n".join(lines)
 
 
+def prefill_fits(timelines: list[Timeline], start: float = 0.0, end: float = float("inf")) -> str:
+    """One line per server: its prefills' launch (``run_batch``) and target forward ms
+    as a least-squares line over the tokens each fed, a + b x tokens. The intercept is
+    what a prefill costs whatever its length: with prefill graphs off, mostly the
+    eager forward's host launch, so two servers of one target differ there by the
+    work a server adds to every prefill."""
+    lines = []
+    for timeline in timelines:
+        _, origin = picks_and_origin(timeline.records)
+        if origin is None:
+            continue
+        fits = []
+        for fn, label in (("run_batch", "launch"), ("target_forward", "target forward")):
+            points = [
+                (r["tokens"], r["ms"])
+                for r in timeline.records
+                if r["fn"] == fn and r["mode"] == "prefill" and r["tokens"] and start <= r["t"] - origin < end
+            ]
+            if len({tokens for tokens, _ in points}) >= 2:
+                line = statistics.linear_regression(*zip(*points))
+                fits.append(f"{label} {line.intercept:.1f} ms + {line.slope:.4f} ms a token ({len(points)})")
+        if fits:
+            lines.append(f"- {timeline.name}: prefill {', '.join(fits)}")
+    return "\n".join(lines)
+
+
 def files(paths: list[Path]) -> list[Path]:
     out = []
     for path in paths:
@@ -220,6 +247,11 @@ if __name__ == "__main__":
     args = parser.parse_args()
     timelines = [load(p) for p in files(args.paths)]
     print(table(timelines, args.start, args.end, args.stat, args.by_batch, args.above))
-    for extra in (alloc_retries(timelines), pick_stalls(timelines, args.stall_ms, args.start, args.end)):
+    extras = (
+        prefill_fits(timelines, args.start, args.end),
+        alloc_retries(timelines),
+        pick_stalls(timelines, args.stall_ms, args.start, args.end),
+    )
+    for extra in extras:
         if extra:
             print("\n" + extra)

@@ -125,6 +125,27 @@ def test_pick_stalls_lists_slow_batch_picks_per_server():
     assert "decode, 40" not in script.pick_stalls([stalled], 50.0, end=1.0)
 
 
+def test_prefill_fits_split_a_fixed_cost_from_a_cost_per_token():
+    from conftest import load_script
+
+    script = load_script("sched_timeline")
+
+    def call(fn, t, mode, tokens, ms):
+        return {"fn": fn, "t": t, "ms": ms, "mode": mode, "bs": 1, "tokens": tokens}
+
+    records = [call("get_next_batch_to_run", 5.0, "prefill", 1, 1.0)]
+    for i, tokens in enumerate((1, 1, 101, 201)):  # launch 10 + tokens / 100 ms; its forward 2 ms less
+        records += [call("run_batch", 10.0 + i, "prefill", tokens, 10 + tokens / 100),
+                    call("target_forward", 10.0 + i, "prefill", tokens, 8 + tokens / 100)]  # fmt: skip
+    records.append(call("run_batch", 20.0, "decode", 8, 99.0))  # not a prefill
+    server = script.Timeline("faser k7 (1)", records)
+    assert script.prefill_fits([server]) == (
+        "- faser k7 (1): prefill launch 10.0 ms + 0.0100 ms a token (4), target forward 8.0 ms + 0.0100 ms a token (4)"
+    )
+    assert script.prefill_fits([server], end=7.0) == ""  # fewer than two prompt lengths in the window
+    assert script.prefill_fits([script.Timeline("idle (2)", [])]) == ""
+
+
 def test_target_forward_records_a_batch_or_a_forward_batch(timeline_dir):
     scheduler = SimpleNamespace(
         server_args=SimpleNamespace(
