@@ -21,10 +21,11 @@ from the server's first busy iteration. Prints one markdown table over all files
 row per server and iteration kind, in ms per iteration: means (``--stat median``:
 medians, robust to a fresh server's first kernel compiles), then each server's
 prefills as a line over the tokens they fed (``prefill_fits``: the intercept is a
-prefill's cost whatever its length) and its CUDA allocator retries. ``--by-batch`` splits the rows by batch size (a step's cost depends
-on it, and servers that keep up differently run different batches); ``--above`` splits
-them at an iteration time, which on a FASER server tells its drafting steps (whose time
-the timeline does not mark) from its plain ones. Then each server's batch picks slower
+prefill's cost whatever its length) and its CUDA allocator retries. ``--by-batch``
+splits the rows by batch size (a step's cost depends on it, and servers that keep up
+differently run different batches); ``--above`` splits them at an iteration time,
+which on a FASER server tells its drafting steps (whose time the timeline does not
+mark) from its plain ones. Then each server's batch picks slower
 than ``--stall-ms`` (``pick_stalls``): one per new batch size is a first-use compile.
 """
 
