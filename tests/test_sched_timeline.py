@@ -41,6 +41,14 @@ def calls_of(records: list[dict]) -> list[tuple]:
     return [(r["fn"], r["mode"], r["bs"], r["tokens"]) for r in records]
 
 
+@pytest.fixture(scope="module")
+def script():
+    """scripts/sched_timeline.py, the reader of the files."""
+    from conftest import load_script
+
+    return load_script("sched_timeline")
+
+
 @pytest.fixture
 def timeline_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(sched_timeline.TIMELINE_ENV, str(tmp_path / "t"))
@@ -105,11 +113,7 @@ def test_no_hooks_without_the_environment_variable(monkeypatch):
     assert sched_timeline.timeline_dir() is None
 
 
-def test_pick_stalls_lists_slow_batch_picks_per_server():
-    from conftest import load_script
-
-    script = load_script("sched_timeline")
-
+def test_pick_stalls_lists_slow_batch_picks_per_server(script):
     def pick(t, mode, bs, ms):
         return {"fn": "get_next_batch_to_run", "t": t, "ms": ms, "mode": mode, "bs": bs, "tokens": bs}
 
@@ -125,11 +129,7 @@ def test_pick_stalls_lists_slow_batch_picks_per_server():
     assert "decode, 40" not in script.pick_stalls([stalled], 50.0, end=1.0)
 
 
-def test_prefill_fits_split_a_fixed_cost_from_a_cost_per_token():
-    from conftest import load_script
-
-    script = load_script("sched_timeline")
-
+def test_prefill_fits_split_a_fixed_cost_from_a_cost_per_token(script):
     def call(fn, t, mode, tokens, ms):
         return {"fn": fn, "t": t, "ms": ms, "mode": mode, "bs": 1, "tokens": tokens}
 

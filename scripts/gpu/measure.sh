@@ -105,6 +105,10 @@ receive_gguf() {  # the carried GGUF part joined to the earlier ones; FASER_SMOL
   eval "$(bash scripts/gpu/stage_gguf.sh --receive | tail -1)"
   [[ -n ${FASER_SMOLLM2_GGUF:-} ]] || { log "GGUF incomplete"; exit 1; }
 }
+tiny_pair() {  # the tiny target and its perturbed draft (tests, soak, host profile, tiny-ab)
+  python3 scripts/build_models.py tiny $TINY/target >/dev/null
+  python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
+}
 PAIR_PRESET=${PAIR_PRESET:-cost-faithful}
 preset() { python3 -m faser_sglang.kit.presets "$PAIR_PRESET" "$1"; }  # no torch import: fast
 SERVER_FLAGS="--attention-backend flashinfer --dtype bfloat16 --cuda-graph-backend-prefill disabled"
@@ -147,8 +151,7 @@ case ${1:?call: 1|2|3|4} in
     # The host cost of a CUDA graph launch by size and shape, with and without a profiler
     # (under half a minute), while the GPU has nothing else to do.
     python3 scripts/gpu/graph_launch.py --out $RES/graph-launch 2>&1 | tee "$RES/graph-launch.md"
-    python3 scripts/build_models.py tiny $TINY/target >/dev/null
-    python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
+    tiny_pair
     rm -f $RES/tests.done $RES/warm.done $RES/gpu1.started $RES/gpu1.done  # markers of an earlier call 1
     # Kernel warm-up: a fresh machine compiles attention and sampling kernels on the first
     # server start (~4.5 min for the 7B target). Tiny models widened to the cost-faithful
@@ -252,8 +255,7 @@ $(ab_diagnosed $MODELS)
     wait_for draft.done; tr '\r' '\n' < $RES/draft.log | grep -E '100%|^[ {}"]' | tail -40 ;;
   host)  # per-step host cost of each contender, tiny pair, GPU 0 (scripts/profile_host.py), in
          # the background; the call waits for it (at most WAIT s); call "host-wait" waits more
-    [[ -d $TINY/draft ]] || { python3 scripts/build_models.py tiny $TINY/target >/dev/null
-      python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null; }
+    [[ -d $TINY/draft ]] || tiny_pair
     rm -f $RES/host.done
     background host "CUDA_VISIBLE_DEVICES=0 python3 scripts/profile_host.py --target $TINY/target \
       --draft $TINY/draft --out $RES/host --contenders ${CONTENDERS:-faser-k0 faser-k0-sync no-spec-sync no-spec faser standalone-k1} \
@@ -285,8 +287,7 @@ $(ab_diagnosed $MODELS)
   period-wait)
     wait_for period.done; tail -12 $RES/period.log ;;
   soak)  # the soak alone, in the foreground (8 min; on a one-GPU machine)
-    python3 scripts/build_models.py tiny $TINY/target >/dev/null
-    python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
+    tiny_pair
     python3 -m faser_sglang.bench.soak --target $TINY/target --draft $TINY/draft --out $RES/soak \
       --duration 480 --rate 8 --peak-to-valley 10 --abort-fraction 0.1 --k-max 5 --server-args $TINY_FLAGS \
       2>&1 | grep -v '^\[20' | tail -20 ;;
@@ -321,8 +322,7 @@ $(ab_diagnosed $MODELS)
             # TESTS_K if set, then the bursty A/B (CONTENDERS, SCHED_TIMELINE, SPY, RATE,
             # DURATION, SWEEP_RATES) on the tiny pair with 64 new tokens a request. A host cost
             # that does not grow with the model's depth shows here in full
-    python3 scripts/build_models.py tiny $TINY/target >/dev/null
-    python3 scripts/build_models.py perturb $TINY/target $TINY/draft --noise 0.05 --seed 2 >/dev/null
+    tiny_pair
     python3 scripts/gpu/check_h2d_sync.py 2>&1 | tee "$RES/h2d-sync.md"
     if [[ -n ${TESTS_K:-} ]]; then OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k "$TESTS_K" | tail -15; fi
     echo '{"policy": "adaptive"}' > $RES/faser-ad.json
