@@ -21,7 +21,9 @@ from the server's first busy iteration. Prints one markdown table over all files
 row per server and iteration kind, in ms per iteration: means (``--stat median``:
 medians, robust to a fresh server's first kernel compiles), then each server's
 prefills as a line over the tokens they fed (``prefill_fits``: the intercept is a
-prefill's cost whatever its length) and its CUDA allocator retries. ``--by-batch``
+prefill's cost whatever its length), its prefills' target forward by the iteration
+before each (``prefill_after``: what a prefill waits for of the GPU work still queued)
+and its CUDA allocator retries. ``--by-batch``
 splits the rows by batch size (a step's cost depends on it, and servers that keep up
 differently run different batches); ``--above`` splits them at an iteration time,
 which on a FASER server tells its drafting steps (whose time the timeline does not
@@ -224,6 +226,34 @@ def prefill_fits(timelines: list[Timeline], start: float = 0.0, end: float = flo
     return "\n".join(lines)
 
 
+def prefill_after(timelines: list[Timeline], start: float = 0.0, end: float = float("inf")) -> str:
+    """One line per server: the median target forward of its prefills (their launch in
+    files recorded before target forwards were) by the iteration before each: idle,
+    prefill or decode. On the overlap schedule the work of that iteration may still run
+    on the GPU, and a prefill that waits for the GPU inside its forward (FlashInfer's
+    plan reads its index pointers back) waits for it; after an idle loop nothing is
+    queued, so that median is the forward's own host time."""
+    lines = []
+    for timeline in timelines:
+        _, origin = picks_and_origin(timeline.records)
+        if origin is None:
+            continue
+        forwards = any(r["fn"] == "target_forward" for r in timeline.records)
+        fn, label = ("target_forward", "target forward") if forwards else ("run_batch", "launch")
+        by_before: dict[str, list[float]] = defaultdict(list)
+        before = current = None
+        for r in timeline.records:
+            if r["fn"] == "get_next_batch_to_run":
+                before, current = current, r["mode"]
+            elif r["fn"] == fn and r["mode"] == "prefill" and before is not None:
+                if start <= r["t"] - origin < end:
+                    by_before[before].append(r["ms"])
+        cells = [f"after {kind} {statistics.median(ms):.1f} ms ({len(ms)})" for kind, ms in sorted(by_before.items())]
+        if cells:
+            lines.append(f"- {timeline.name}: prefill {label}, median {', '.join(cells)}")
+    return "\n".join(lines)
+
+
 def files(paths: list[Path]) -> list[Path]:
     out = []
     for path in paths:
@@ -250,6 +280,7 @@ if __name__ == "__main__":
     print(table(timelines, args.start, args.end, args.stat, args.by_batch, args.above))
     extras = (
         prefill_fits(timelines, args.start, args.end),
+        prefill_after(timelines, args.start, args.end),
         alloc_retries(timelines),
         pick_stalls(timelines, args.stall_ms, args.start, args.end),
     )

@@ -146,6 +146,26 @@ def test_prefill_fits_split_a_fixed_cost_from_a_cost_per_token(script):
     assert script.prefill_fits([script.Timeline("idle (2)", [])]) == ""
 
 
+def test_prefill_after_groups_prefills_by_the_iteration_before(script):
+    def call(fn, t, mode, ms=1.0):
+        return {"fn": fn, "t": t, "ms": ms, "mode": mode, "bs": 1, "tokens": 1}
+
+    records = []
+    for t, before, forward_ms in ((1.0, "idle", 20.0), (2.0, "decode", 30.0), (3.0, "decode", 34.0),
+                                  (4.0, "prefill", 25.0)):  # fmt: skip
+        records += [call("get_next_batch_to_run", t, before), call("get_next_batch_to_run", t + 0.1, "prefill"),
+                    call("target_forward", t + 0.2, "prefill", forward_ms)]  # fmt: skip
+    server = script.Timeline("no-spec (1)", records)
+    assert script.prefill_after([server]) == (
+        "- no-spec (1): prefill target forward, median after decode 32.0 ms (2), after idle 20.0 ms (1), "
+        "after prefill 25.0 ms (1)"
+    )
+    # files recorded before target forwards were: the prefill's launch instead
+    launches = [dict(r, fn="run_batch") if r["fn"] == "target_forward" else r for r in records]
+    assert script.prefill_after([script.Timeline("no-spec (1)", launches)]).startswith("- no-spec (1): prefill launch,")
+    assert script.prefill_after([script.Timeline("idle (2)", [])]) == ""
+
+
 def test_target_forward_records_a_batch_or_a_forward_batch(timeline_dir):
     scheduler = SimpleNamespace(
         server_args=SimpleNamespace(
