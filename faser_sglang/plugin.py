@@ -12,7 +12,9 @@ requests are checked before they reach the scheduler (``faser_sglang.request_gua
 with ``FASER_SCHED_TIMELINE`` set, the scheduler loop's host timeline is recorded, in
 any server (``faser_sglang.sched_timeline``); with ``FASER_WARM_SPEC_KERNELS`` set,
 SGLang's own speculative servers compile their KV allocation kernel at startup, as
-FASER's does (``faser_sglang.baseline_warmup``).
+FASER's does (``faser_sglang.baseline_warmup``); with ``FASER_HOST_PREFILL_PLAN`` set,
+any server plans its prefills' FlashInfer attention from host-known lengths, without
+waiting for the GPU (``faser_sglang.host_plan``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from faser_sglang import baseline_warmup, kv_reserve, memory_plan, request_guard, sched_timeline
+from faser_sglang import baseline_warmup, host_plan, kv_reserve, memory_plan, request_guard, sched_timeline
 from faser_sglang.spec_worker import validation
 
 ALGORITHM_NAME = "FASER"
@@ -105,6 +107,8 @@ def register() -> None:
             HookRegistry.register(target, hook, HookType.AROUND)
     if baseline_warmup.enabled():
         HookRegistry.register(baseline_warmup.SCHEDULER_INIT, baseline_warmup.warm_after_init, HookType.AFTER)
+    if host_plan.enabled():
+        HookRegistry.register(host_plan.UPDATE_SINGLE_WRAPPER, host_plan.plan_from_host, HookType.AROUND)
 
 
 def _registered() -> bool:

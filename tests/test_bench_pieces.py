@@ -393,6 +393,20 @@ def test_contenders_take_server_flags_of_their_own(tmp_path):
             servers.contender(bad, "D", 7)
 
 
+def test_contenders_take_environment_variables_of_their_own(tmp_path):
+    from faser_sglang.bench import servers
+
+    c = servers.contender("no-spec+env:FASER_HOST_PREFILL_PLAN=1+cuda-graph-max-bs=8", "D", 7)
+    assert c.env == {"FASER_HOST_PREFILL_PLAN": "1"} and c.args[-2:] == ("--cuda-graph-max-bs", "8")
+    base = tmp_path / "faser-ad.json"
+    base.write_text(json.dumps({"policy": "adaptive"}))
+    c = servers.contender("faser-ad+env:FASER_HOST_PREFILL_PLAN=1", "D", 7, faser_ad_config=str(base))
+    assert set(c.env) == {"FASER_CONFIG", "FASER_HOST_PREFILL_PLAN"}
+    for bad in ("no-spec+env:lower=1", "no-spec+env:NAME", "no-spec+env:=1"):
+        with pytest.raises(ValueError, match="is not env:NAME=VALUE"):
+            servers.contender(bad, "D", 7)
+
+
 def test_launch_retries_on_a_port_taken_in_between(monkeypatch, tmp_path):
     """A port picked free can be taken before the server binds it (another server
     starting at the same time); the server then logs it and hangs unready. The launch

@@ -88,8 +88,8 @@ def contender(
     synchronous schedule, ``--disable-overlap-schedule``) or a faser-ad variant,
     ``faser-ad@KEY=VALUE[,KEY=VALUE...]``: the faser-ad config with those keys
     replaced (``variant_config``), so one run can A/B a FASER setting side by side.
-    Any of them may end in server flags of its own, ``+FLAG[=VALUE]`` each
-    (``with_flags``)."""
+    Any of them may end in server flags of its own, ``+FLAG[=VALUE]`` each, and
+    environment variables, ``+env:NAME=VALUE`` each (``with_flags``)."""
     base, flags = split_flags(name)
     if flags:
         return with_flags(name, contender(base, draft, k_max, faser_config, faser_ad_config), flags)
@@ -115,6 +115,7 @@ def contender(
 
 VARIANT_SEP = "@"
 FLAG_SEP = "+"
+ENV_PREFIX = "env:"
 
 
 def split_flags(name: str) -> tuple[str, list[str]]:
@@ -127,9 +128,19 @@ def split_flags(name: str) -> tuple[str, list[str]]:
 def with_flags(name: str, base: Contender, flags: Sequence[str]) -> Contender:
     """``base`` served with extra launcher flags, "FLAG=VALUE" -> --FLAG VALUE and
     "FLAG" -> --FLAG, after its own (SGLang takes the last value of a repeated flag),
+    and environment variables, "env:NAME=VALUE" (e.g. no-spec+env:FASER_HOST_PREFILL_PLAN=1),
     under the full ``name``."""
     args: list[str] = []
+    env = dict(base.env)
     for flag in flags:
+        if flag.startswith(ENV_PREFIX):
+            key, eq, value = flag.removeprefix(ENV_PREFIX).partition("=")
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key) or not eq:
+                raise ValueError(
+                    f"contender {name!r}: {flag!r} is not env:NAME=VALUE (e.g. env:FASER_HOST_PREFILL_PLAN=1)"
+                )
+            env[key] = value
+            continue
         key, eq, value = flag.partition("=")
         if not re.fullmatch(r"[a-z][a-z0-9-]*", key) or (eq and not value):
             raise ValueError(
@@ -137,7 +148,7 @@ def with_flags(name: str, base: Contender, flags: Sequence[str]) -> Contender:
                 "(e.g. faser-ad+speculative-draft-attention-backend=triton)"
             )
         args.extend((f"--{key}", value) if eq else (f"--{key}",))
-    return Contender(name, (*base.args, *args), base.env)
+    return Contender(name, (*base.args, *args), env)
 
 
 def steady_contender(

@@ -34,6 +34,7 @@ from conftest import (
     sampled_mix_with_bias,
     write_faser_config,
 )
+from faser_sglang import host_plan
 from faser_sglang.bench.servers import launch
 from faser_sglang.kv_reserve import MAX_FORCED_GAP
 
@@ -69,7 +70,12 @@ VARIANTS = {
     "flashinfer-bf16-graphs-draft-triton": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
     # The same, each step's chain queued at the end of the step before (draft_ahead.py).
     "flashinfer-bf16-graphs-draft-triton-ahead": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
+    # Prefills (the target's) and catch-ups (the draft's) planned from host lengths,
+    # every plan's pointers checked against SGLang's on the device (host_plan.py); the
+    # reference is stock SGLang's.
+    "flashinfer-bf16-graphs-host-plan": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
 }  # fmt: skip
+VARIANT_ENV = {"flashinfer-bf16-graphs-host-plan": {host_plan.ENV: host_plan.CHECK}}
 CONFIGS = {  # FASER config per variant
     "flashinfer-bf16-graphs-lazy": {"draft_prefill": "lazy"},
     "flashinfer-bf16-graphs-draft-triton-ahead": {"draft_ahead": True},
@@ -191,6 +197,7 @@ def test_greedy_equals_no_spec(variant, gpu_models, logit_ulp, tmp_path):
     prompt_ids = _prompt_ids(gpu_models.target)
     trace = tmp_path / "trace.jsonl"
     env = write_faser_config(tmp_path / "faser.json", trace_path=str(trace), **CONFIGS.get(variant, {}))
+    env.update(VARIANT_ENV.get(variant, {}))
     faser_args = (
         *flags,
         "--speculative-algorithm", "FASER",

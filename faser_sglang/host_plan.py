@@ -1,0 +1,150 @@
+"""FASER_HOST_PREFILL_PLAN: plan a prefill's FlashInfer attention from host-known lengths.
+
+FlashInfer plans a prefill on the host, from the batch's index pointers (each row's
+start in the new tokens, ``qo_indptr``, and in its KV, ``kv_indptr``). SGLang 0.5.17
+builds them on the device and hands those to ``plan``, which copies them back
+(``.to("cpu")``). That copy waits for every kernel queued before it. On the overlap
+schedule a prefill comes right after a step whose GPU work is still running, so the
+host sits in the plan for the rest of that step before it launches the prefill's
+first layer. On the 13.5B pair's full-depth twins (H100,
+``results/gpu/2026-12-07-prefill-wait-h100.md``) that wait was 40-60% of the target's
+prefill forward, the eager launch of 48 layers the rest.
+
+The scheduler already knows those lengths on the host (``seq_lens_cpu``,
+``extend_prefix_lens_cpu``). With the variable set, every server that loads the
+plugin, FASER's or not, hands FlashInfer host copies instead, for the plain case: one
+full-attention wrapper, no speculative input, no multi-item scoring, custom mask or
+custom KV indices. FlashInfer documents host pointers as the intended input (its copy
+back is "only required if qo_indptr/paged_kv_indptr are device tensors"). The plan,
+the kernels and the tokens are unchanged; the host launches the prefill while the
+step before it still runs.
+
+A plan writes its schedule into a page-locked host buffer of its wrapper and queues
+the copy of it to the device. The device copy used to be the first thing to wait for,
+so a plan never overwrote a buffer whose copy was still queued. Without the wait, each
+plan from host lengths records an event after its copy, and the wrapper's next such
+plan waits for that event first: for the copy alone, queued behind at most the step
+before the previous prefill.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import weakref
+from typing import Any, Callable, Sequence
+
+import torch
+
+ENV = "FASER_HOST_PREFILL_PLAN"
+CHECK = "check"
+UPDATE_SINGLE_WRAPPER = (
+    "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill.update_single_wrapper"
+)
+
+# wrapper -> the event recorded after its last plan from host lengths
+_copied: "weakref.WeakKeyDictionary[Any, torch.cuda.Event]" = weakref.WeakKeyDictionary()
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "") not in ("", "0")
+
+
+def checking() -> bool:
+    """``FASER_HOST_PREFILL_PLAN=check``: also read the device pointers back (a sync per
+    plan) and fail on any that differs from its host copy (GPU tests)."""
+    return os.environ.get(ENV) == CHECK
+
+
+def _check(device_args: tuple, host_args: tuple) -> None:
+    for position, (old, new) in enumerate(zip(device_args, host_args)):
+        if new is old or not isinstance(old, torch.Tensor):
+            continue
+        if not torch.equal(old.cpu().to(new.dtype), new):
+            raise RuntimeError(
+                f"{ENV}: plan argument {position} on the host, {new.tolist()}, differs from "
+                f"SGLang's on the device, {old.cpu().tolist()}; unset {ENV}"
+            )
+
+
+def host_indptrs(
+    seq_lens: Sequence[int], prefix_lens: Sequence[int], use_ragged: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``qo_indptr`` and ``kv_indptr`` ([bs + 1] int32, on the host) as SGLang's
+    ``call_begin_forward`` builds them on the device: new tokens per row, and KV per row
+    for the paged wrapper (the cached prefix when the ragged wrapper takes the new
+    tokens, else the whole sequence)."""
+    seq = torch.tensor(list(seq_lens), dtype=torch.int64)
+    prefix = torch.tensor(list(prefix_lens), dtype=torch.int64)
+    qo = torch.zeros(len(seq) + 1, dtype=torch.int32)
+    kv = torch.zeros(len(seq) + 1, dtype=torch.int32)
+    qo[1:] = torch.cumsum(seq - prefix, dim=0)
+    kv[1:] = torch.cumsum(prefix if use_ragged else seq, dim=0)
+    return qo, kv
+
+
+def plain_case(args: inspect.BoundArguments) -> bool:
+    """Whether this ``update_single_wrapper`` call is one whose lengths the host knows
+    and whose plans take nothing else from the device."""
+    a = args.arguments
+    multi_item = a.get("multi_item_params")
+    return (
+        a.get("spec_info") is None
+        and a.get("seq_lens_cpu") is not None
+        and a.get("extend_prefix_lens_cpu") is not None
+        and a.get("custom_kv_indices") is None
+        and a.get("cross_attention_custom_mask") is None
+        and (multi_item is None or not multi_item.is_enabled())
+    )
+
+
+def _guarded(plan: Callable, wrapper: Any, replace: Callable[[tuple], tuple]) -> Callable:
+    """``plan`` with its positional pointers replaced by host copies, after the
+    wrapper's previous plan from host lengths has finished copying its schedule."""
+
+    def host_plan(*args, **kwargs):
+        previous = _copied.pop(wrapper, None)
+        if previous is not None:
+            previous.synchronize()
+        host_args = replace(args)
+        if checking():
+            _check(args, host_args)
+        out = plan(*host_args, **kwargs)
+        if torch.cuda.is_available():
+            done = torch.cuda.Event()
+            done.record()
+            _copied[wrapper] = done
+        return out
+
+    return host_plan
+
+
+def plan_from_host(original: Callable, *args, **kwargs):
+    """AROUND hook on ``FlashInferIndicesUpdaterPrefill.update_single_wrapper``: for
+    the plain case, its wrappers' ``begin_forward`` (FlashInfer's ``plan``) take host
+    index pointers for the duration of the call."""
+    bound = _signature(original).bind(*args, **kwargs)
+    if not plain_case(bound):
+        return original(*args, **kwargs)
+    a = bound.arguments
+    updater = a["self"]
+    ragged, paged = updater.prefill_wrapper_ragged, a["prefill_wrappers"][0]
+    if ragged is None or "begin_forward" in vars(ragged) or "begin_forward" in vars(paged):
+        return original(*args, **kwargs)  # a plan SGLang installed itself (CUDA graph capture)
+    qo, kv = host_indptrs(a["seq_lens_cpu"].tolist(), a["extend_prefix_lens_cpu"], a["use_ragged"])
+    last_page = torch.ones(len(qo) - 1, dtype=torch.int32)  # SGLang's pages hold one token
+    # ragged: plan(qo_indptr, kv_indptr, ...), both the new tokens' pointers;
+    # paged: plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, ...)
+    ragged.begin_forward = _guarded(ragged.begin_forward, ragged, lambda p: (qo, qo, *p[2:]))
+    paged.begin_forward = _guarded(paged.begin_forward, paged, lambda p: (qo, kv, p[2], last_page, *p[4:]))
+    try:
+        return original(*args, **kwargs)
+    finally:
+        del ragged.begin_forward, paged.begin_forward
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn: Callable) -> inspect.Signature:
+    return inspect.signature(fn)
+
