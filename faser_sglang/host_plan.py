@@ -13,8 +13,8 @@ prefill forward, the eager launch of 48 layers the rest.
 The scheduler already knows those lengths on the host (``seq_lens_cpu``,
 ``extend_prefix_lens_cpu``). With the variable set, every server that loads the
 plugin, FASER's or not, hands FlashInfer host copies instead, for the plain case: one
-full-attention wrapper, no speculative input, no multi-item scoring, custom mask or
-custom KV indices. FlashInfer documents host pointers as the intended input (its copy
+full-attention wrapper on FlashInfer's FA2 or FA3 kernels, no speculative input, no
+multi-item scoring, custom mask or custom KV indices. FlashInfer documents host pointers as the intended input (its copy
 back is "only required if qo_indptr/paged_kv_indptr are device tensors"). The plan,
 the kernels and the tokens are unchanged; the host launches the prefill while the
 step before it still runs.
@@ -39,6 +39,7 @@ import torch
 
 ENV = "FASER_HOST_PREFILL_PLAN"
 CHECK = "check"
+HOST_BACKENDS = ("auto", "fa2", "fa3")  # FlashInfer prefill backends whose plan reads host pointers
 UPDATE_SINGLE_WRAPPER = (
     "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill.update_single_wrapper"
 )
@@ -120,6 +121,14 @@ def _guarded(plan: Callable, wrapper: Any, replace: Callable[[tuple], tuple]) ->
     return host_plan
 
 
+def _plans_on_host(wrapper: Any) -> bool:
+    """Whether ``wrapper``'s plan is FlashInfer's own and computes its schedule from host
+    pointers: FA2/FA3 (or "auto", which picks one of them on the first plan). Not a plan
+    SGLang installed itself on the wrapper (CUDA graph capture), nor a backend that plans
+    from the pointers on the device (cutlass)."""
+    return "begin_forward" not in vars(wrapper) and getattr(wrapper, "_backend", "auto") in HOST_BACKENDS
+
+
 def plan_from_host(original: Callable, *args, **kwargs):
     """AROUND hook on ``FlashInferIndicesUpdaterPrefill.update_single_wrapper``: for
     the plain case, its wrappers' ``begin_forward`` (FlashInfer's ``plan``) take host
@@ -130,8 +139,8 @@ def plan_from_host(original: Callable, *args, **kwargs):
     a = bound.arguments
     updater = a["self"]
     ragged, paged = updater.prefill_wrapper_ragged, a["prefill_wrappers"][0]
-    if ragged is None or "begin_forward" in vars(ragged) or "begin_forward" in vars(paged):
-        return original(*args, **kwargs)  # a plan SGLang installed itself (CUDA graph capture)
+    if ragged is None or not all(_plans_on_host(w) for w in (ragged, paged)):
+        return original(*args, **kwargs)
     qo, kv = host_indptrs(a["seq_lens_cpu"].tolist(), a["extend_prefix_lens_cpu"], a["use_ragged"])
     last_page = torch.ones(len(qo) - 1, dtype=torch.int32)  # SGLang's pages hold one token
     # ragged: plan(qo_indptr, kv_indptr, ...), both the new tokens' pointers;

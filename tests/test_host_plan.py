@@ -180,6 +180,26 @@ def test_other_cases_go_through_unchanged(override):
     assert len(calls) == 1 and all(calls[0][k] is v for k, v in override.items())
 
 
+@pytest.mark.parametrize("which", ["ragged", "paged"])
+@pytest.mark.parametrize("installed", ["a plan SGLang installed", "cutlass"])
+def test_wrappers_that_do_not_plan_from_host_pointers_go_through_unchanged(which, installed):
+    u = updater()
+    paged = RecordingWrapper()
+    wrapper = u.prefill_wrapper_ragged if which == "ragged" else paged
+    if installed == "cutlass":
+        wrapper._backend = "cutlass"
+    else:
+        wrapper.begin_forward = functools.partial(RecordingWrapper.begin_forward, wrapper)
+    calls = []
+
+    @stand_in
+    def original(updater, *args, prefill_wrappers, **kwargs):
+        calls.append(vars(wrapper).get("begin_forward"))
+
+    prefill(u, [6], [2], use_ragged=True, hooked=True, original=original, prefill_wrappers=[paged])
+    assert calls == [vars(wrapper).get("begin_forward")]  # SGLang's own, or none
+
+
 def test_check_mode_fails_on_a_pointer_that_differs(monkeypatch):
     monkeypatch.setenv(host_plan.ENV, host_plan.CHECK)
     prefill(updater(), [7, 4], [3, 0], use_ragged=True, hooked=True)  # the same: passes
