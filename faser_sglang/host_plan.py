@@ -21,10 +21,10 @@ step before it still runs.
 
 A plan writes its schedule into a page-locked host buffer of its wrapper and queues
 the copy of it to the device. The device copy used to be the first thing to wait for,
-so a plan never overwrote a buffer whose copy was still queued. Without the wait, each
-plan from host lengths records an event after its copy, and the wrapper's next such
-plan waits for that event first: for the copy alone, queued behind at most the step
-before the previous prefill.
+so a plan never overwrote a buffer whose copy was still queued. Without the wait, every
+call of the hook (every plan of these wrappers, from host lengths or not) records an
+event after its plans, and a wrapper's next plan from host lengths waits for that event
+first: for that copy alone, queued behind at most the step before the previous plan.
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ def plain_case(args: inspect.BoundArguments) -> bool:
     )
 
 
-def _guarded(plan: Callable, wrapper: Any, replace: Callable[[tuple], tuple]) -> Callable:
-    """``plan`` with its positional pointers replaced by host copies, after the
-    wrapper's previous plan from host lengths has finished copying its schedule."""
+def _host_plan(plan: Callable, wrapper: Any, replace: Callable[[tuple], tuple]) -> Callable:
+    """``plan`` with its positional pointers replaced by host copies, once the wrapper's
+    previous plan has finished copying its schedule to the device."""
 
     def host_plan(*args, **kwargs):
         previous = _copied.pop(wrapper, None)
@@ -111,14 +111,21 @@ def _guarded(plan: Callable, wrapper: Any, replace: Callable[[tuple], tuple]) ->
         host_args = replace(args)
         if checking():
             _check(args, host_args)
-        out = plan(*host_args, **kwargs)
-        if torch.cuda.is_available():
-            done = torch.cuda.Event()
-            done.record()
-            _copied[wrapper] = done
-        return out
+        return plan(*host_args, **kwargs)
 
     return host_plan
+
+
+def _mark_copied(wrappers: Sequence[Any]) -> None:
+    """Record, after the plans of this call, the event the wrappers' next plans from
+    host lengths wait for: every plan's copy, from host lengths or not (a verify's, a
+    speculative extend's), is queued before it."""
+    if not torch.cuda.is_available():
+        return
+    done = torch.cuda.Event()
+    done.record()
+    for wrapper in wrappers:
+        _copied[wrapper] = done
 
 
 def _plans_on_host(wrapper: Any) -> bool:
@@ -132,25 +139,27 @@ def _plans_on_host(wrapper: Any) -> bool:
 def plan_from_host(original: Callable, *args, **kwargs):
     """AROUND hook on ``FlashInferIndicesUpdaterPrefill.update_single_wrapper``: for
     the plain case, its wrappers' ``begin_forward`` (FlashInfer's ``plan``) take host
-    index pointers for the duration of the call."""
+    index pointers for the duration of the call. Every call, plain or not, then marks
+    the wrappers' plans as queued (``_mark_copied``)."""
     bound = _signature(original).bind(*args, **kwargs)
-    if not plain_case(bound):
-        return original(*args, **kwargs)
     a = bound.arguments
-    updater = a["self"]
-    ragged, paged = updater.prefill_wrapper_ragged, a["prefill_wrappers"][0]
-    if ragged is None or not all(_plans_on_host(w) for w in (ragged, paged)):
-        return original(*args, **kwargs)
+    ragged, paged = a["self"].prefill_wrapper_ragged, a["prefill_wrappers"][0]
+    wrappers = [w for w in (ragged, paged) if w is not None]
+    if not plain_case(bound) or ragged is None or not all(_plans_on_host(w) for w in wrappers):
+        out = original(*args, **kwargs)
+        _mark_copied(wrappers)
+        return out
     qo, kv = host_indptrs(a["seq_lens_cpu"].tolist(), a["extend_prefix_lens_cpu"], a["use_ragged"])
     last_page = torch.ones(len(qo) - 1, dtype=torch.int32)  # SGLang's pages hold one token
     # ragged: plan(qo_indptr, kv_indptr, ...), both the new tokens' pointers;
     # paged: plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, ...)
-    ragged.begin_forward = _guarded(ragged.begin_forward, ragged, lambda p: (qo, qo, *p[2:]))
-    paged.begin_forward = _guarded(paged.begin_forward, paged, lambda p: (qo, kv, p[2], last_page, *p[4:]))
+    ragged.begin_forward = _host_plan(ragged.begin_forward, ragged, lambda p: (qo, qo, *p[2:]))
+    paged.begin_forward = _host_plan(paged.begin_forward, paged, lambda p: (qo, kv, p[2], last_page, *p[4:]))
     try:
         return original(*args, **kwargs)
     finally:
         del ragged.begin_forward, paged.begin_forward
+        _mark_copied(wrappers)
 
 
 @functools.lru_cache(maxsize=None)

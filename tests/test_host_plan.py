@@ -200,6 +200,43 @@ def test_wrappers_that_do_not_plan_from_host_pointers_go_through_unchanged(which
     assert calls == [vars(wrapper).get("begin_forward")]  # SGLang's own, or none
 
 
+def test_a_plan_from_host_lengths_waits_for_the_wrappers_previous_plan_to_be_copied(monkeypatch):
+    """Each call records an event after its plans; a wrapper's next plan from host
+    lengths waits for it (the page-locked buffer it writes was that copy's source)."""
+    log: list[tuple[str, int]] = []
+
+    class Event:
+        count = 0
+
+        def __init__(self):
+            Event.count += 1
+            self.n = Event.count
+
+        def record(self):
+            log.append(("record", self.n))
+
+        def synchronize(self):
+            log.append(("wait", self.n))
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    u = updater()
+    paged = RecordingWrapper()
+
+    @stand_in
+    def speculative(updater, *args, **kwargs):  # a plan not from host lengths (a verify's)
+        log.append(("plan", 0))
+
+    prefill(u, [6], [2], use_ragged=True, hooked=True, original=speculative, prefill_wrappers=[paged],
+            spec_info=object())  # fmt: skip
+    prefill(u, [6], [2], use_ragged=True, hooked=True, prefill_wrappers=[paged])
+    prefill(u, [7], [0], use_ragged=True, hooked=True, prefill_wrappers=[paged])
+    # ragged then paged plan each wait for the event of the call before
+    assert log == [("plan", 0), ("record", 1), ("wait", 1), ("wait", 1), ("record", 2), ("wait", 2), ("wait", 2),
+                   ("record", 3)]  # fmt: skip
+    assert len(u.prefill_wrapper_ragged.plans) == len(paged.plans) == 2
+
+
 def test_check_mode_fails_on_a_pointer_that_differs(monkeypatch):
     monkeypatch.setenv(host_plan.ENV, host_plan.CHECK)
     prefill(updater(), [7, 4], [3, 0], use_ragged=True, hooked=True)  # the same: passes
