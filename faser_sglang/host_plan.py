@@ -17,7 +17,8 @@ full-attention wrapper on FlashInfer's FA2 or FA3 kernels, no speculative input,
 multi-item scoring, custom mask or custom KV indices. FlashInfer documents host pointers as the intended input (its copy
 back is "only required if qo_indptr/paged_kv_indptr are device tensors"). The plan,
 the kernels and the tokens are unchanged; the host launches the prefill while the
-step before it still runs.
+step before it still runs. After each plan the wrapper's device pointer buffers are
+SGLang's tensors again, as they are without the hook (``_host_plan``).
 
 A plan writes its schedule into a page-locked host buffer of its wrapper and queues
 the copy of it to the device. The device copy used to be the first thing to wait for,
@@ -86,23 +87,38 @@ def host_indptrs(
 
 
 def plain_case(args: inspect.BoundArguments) -> bool:
-    """Whether this ``update_single_wrapper`` call is one whose lengths the host knows
-    and whose plans take nothing else from the device."""
+    """Whether this ``update_single_wrapper`` call is one whose lengths the host knows,
+    row for row (as many rows as the device's, the same total), and whose plans take
+    nothing else from the device."""
     a = args.arguments
     multi_item = a.get("multi_item_params")
+    seq_cpu, prefix_cpu, seq = a.get("seq_lens_cpu"), a.get("extend_prefix_lens_cpu"), a.get("seq_lens")
     return (
         a.get("spec_info") is None
-        and a.get("seq_lens_cpu") is not None
-        and a.get("extend_prefix_lens_cpu") is not None
+        and seq_cpu is not None
+        and prefix_cpu is not None
         and a.get("custom_kv_indices") is None
         and a.get("cross_attention_custom_mask") is None
         and (multi_item is None or not multi_item.is_enabled())
+        and len(seq_cpu) == len(prefix_cpu) == len(seq)
+        and int(seq_cpu.sum()) == a.get("seq_lens_sum")
     )
 
 
-def _host_plan(plan: Callable, wrapper: Any, replace: Callable[[tuple], tuple]) -> Callable:
+# Per wrapper kind, FlashInfer's device buffers that ``plan`` sets from each positional
+# pointer: with a device pointer it keeps that tensor itself (``.to(device)`` is a no-op).
+RAGGED_BUFFERS = {0: ("_qo_indptr_buf", "_o_indptr_buf"), 1: ("_kv_indptr_buf", "_v_indptr_buf")}
+PAGED_BUFFERS = {0: ("_qo_indptr_buf",), 1: ("_paged_kv_indptr_buf",), 3: ("_paged_kv_last_page_len_buf",)}
+
+
+def _host_plan(
+    plan: Callable, wrapper: Any, replace: Callable[[tuple], tuple], buffers: dict[int, tuple[str, ...]]
+) -> Callable:
     """``plan`` with its positional pointers replaced by host copies, once the wrapper's
-    previous plan has finished copying its schedule to the device."""
+    previous plan has finished copying its schedule to the device. Its device buffers
+    are then SGLang's tensors again, as without the hook: the copies ``plan`` made from
+    the host pointers hold the same values, but freeing them at the next plan would be
+    safe only on the stream that planned, and SGLang may plan on a side stream."""
 
     def host_plan(*args, **kwargs):
         previous = _copied.pop(wrapper, None)
@@ -111,7 +127,11 @@ def _host_plan(plan: Callable, wrapper: Any, replace: Callable[[tuple], tuple]) 
         host_args = replace(args)
         if checking():
             _check(args, host_args)
-        return plan(*host_args, **kwargs)
+        out = plan(*host_args, **kwargs)
+        for position, names in buffers.items():
+            for name in names:
+                setattr(wrapper, name, args[position])
+        return out
 
     return host_plan
 
@@ -131,9 +151,14 @@ def _mark_copied(wrappers: Sequence[Any]) -> None:
 def _plans_on_host(wrapper: Any) -> bool:
     """Whether ``wrapper``'s plan is FlashInfer's own and computes its schedule from host
     pointers: FA2/FA3 (or "auto", which picks one of them on the first plan). Not a plan
-    SGLang installed itself on the wrapper (CUDA graph capture), nor a backend that plans
-    from the pointers on the device (cutlass)."""
-    return "begin_forward" not in vars(wrapper) and getattr(wrapper, "_backend", "auto") in HOST_BACKENDS
+    SGLang installed itself on the wrapper, nor a wrapper for CUDA graphs (it copies
+    into fixed buffers), nor a backend that plans from the pointers on the device
+    (cutlass)."""
+    return (
+        "begin_forward" not in vars(wrapper)
+        and getattr(wrapper, "_backend", "auto") in HOST_BACKENDS
+        and not getattr(wrapper, "is_cuda_graph_enabled", False)
+    )
 
 
 def plan_from_host(original: Callable, *args, **kwargs):
@@ -145,7 +170,8 @@ def plan_from_host(original: Callable, *args, **kwargs):
     a = bound.arguments
     ragged, paged = a["self"].prefill_wrapper_ragged, a["prefill_wrappers"][0]
     wrappers = [w for w in (ragged, paged) if w is not None]
-    if not plain_case(bound) or ragged is None or not all(_plans_on_host(w) for w in wrappers):
+    planned = [paged, ragged] if a["use_ragged"] else [paged]
+    if not plain_case(bound) or None in planned or not all(_plans_on_host(w) for w in planned):
         out = original(*args, **kwargs)
         _mark_copied(wrappers)
         return out
@@ -153,12 +179,16 @@ def plan_from_host(original: Callable, *args, **kwargs):
     last_page = torch.ones(len(qo) - 1, dtype=torch.int32)  # SGLang's pages hold one token
     # ragged: plan(qo_indptr, kv_indptr, ...), both the new tokens' pointers;
     # paged: plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, ...)
-    ragged.begin_forward = _host_plan(ragged.begin_forward, ragged, lambda p: (qo, qo, *p[2:]))
-    paged.begin_forward = _host_plan(paged.begin_forward, paged, lambda p: (qo, kv, p[2], last_page, *p[4:]))
+    paged.begin_forward = _host_plan(
+        paged.begin_forward, paged, lambda p: (qo, kv, p[2], last_page, *p[4:]), PAGED_BUFFERS
+    )
+    if a["use_ragged"]:
+        ragged.begin_forward = _host_plan(ragged.begin_forward, ragged, lambda p: (qo, qo, *p[2:]), RAGGED_BUFFERS)
     try:
         return original(*args, **kwargs)
     finally:
-        del ragged.begin_forward, paged.begin_forward
+        for wrapper in planned:
+            del wrapper.begin_forward
         _mark_copied(wrappers)
 
 

@@ -2,7 +2,7 @@
 of the index pointers SGLang builds on the device, the same values, and nothing else
 changes. These tests run SGLang's own ``update_single_wrapper`` and ``call_begin_forward``
 on the CPU with wrappers that record their plans; on a GPU, the greedy test with
-``FASER_HOST_PREFILL_PLAN=check`` (tests/gpu/test_gpu_e2e.py) compares every plan's
+``FASER_HOST_PREFILL_PLAN=check`` (tests/gpu/test_gpu_faser.py) compares every plan's
 pointers with the device's and the tokens with no-spec's."""
 
 from __future__ import annotations
@@ -24,13 +24,19 @@ HEADS = (4, 2, 16)  # num_qo_heads, num_kv_heads, head_dim
 
 
 class RecordingWrapper:
-    """Stands in for a FlashInfer prefill wrapper: keeps every plan's arguments."""
+    """Stands in for a FlashInfer prefill wrapper: keeps every plan's arguments and, as
+    FlashInfer's eager plan does, keeps its pointers as device buffers (a copy of a host
+    pointer, the tensor itself for a device one; on the CPU every one is copied)."""
 
     def __init__(self):
         self.plans: list[tuple[tuple, dict]] = []
 
     def begin_forward(self, *args, **kwargs):
         self.plans.append((args, kwargs))
+        names = host_plan.PAGED_BUFFERS if len(args) > 3 and torch.is_tensor(args[3]) else host_plan.RAGGED_BUFFERS
+        for position, attributes in names.items():
+            for name in attributes:
+                setattr(self, name, args[position].clone())
 
 
 class _KvIndices:
@@ -130,6 +136,31 @@ def test_plans_get_host_copies_of_sglangs_pointers(use_ragged):
     assert rest[:3] == list(HEADS)
 
 
+@pytest.mark.parametrize("use_ragged", [True, False])
+def test_the_wrappers_keep_sglangs_device_buffers(use_ragged):
+    """After the plan, the wrappers hold SGLang's own pointer tensors, as without the
+    hook, not the copies the plan made of the host ones (freed at the next plan)."""
+    u = updater()
+    paged = RecordingWrapper()
+    prefill(u, [7, 12, 4], [3, 0, 4], use_ragged, hooked=True, prefill_wrappers=[paged])
+    qo, kv, last = u.qo_indptr[0].data_ptr(), u.kv_indptr[0].data_ptr(), u.kv_last_page_len.data_ptr()
+    assert (paged._qo_indptr_buf.data_ptr(), paged._paged_kv_indptr_buf.data_ptr()) == (qo, kv)
+    assert paged._paged_kv_last_page_len_buf.data_ptr() == last
+    if use_ragged:
+        ragged = u.prefill_wrapper_ragged
+        buffers = (ragged._qo_indptr_buf, ragged._o_indptr_buf, ragged._kv_indptr_buf, ragged._v_indptr_buf)
+        assert [b.data_ptr() for b in buffers] == [qo] * 4
+
+
+def test_without_the_ragged_wrapper_its_backend_does_not_matter():
+    u = updater()
+    u.prefill_wrapper_ragged._backend = "cutlass"  # never planned without the ragged path
+    paged = RecordingWrapper()
+    prefill(u, [7, 4], [3, 0], use_ragged=False, hooked=True, prefill_wrappers=[paged])
+    (qo, *_), _ = paged.plans[0]
+    assert qo.data_ptr() != u.qo_indptr[0].data_ptr()  # planned from host pointers
+
+
 def stand_in(body):
     """``body`` with the signature of SGLang's ``update_single_wrapper``, which the hook reads."""
     return functools.wraps(ORIGINAL)(body)
@@ -148,10 +179,11 @@ def test_wrappers_are_left_as_they_were():
         raise ValueError("plan failed")
 
     u = updater()
+    paged = RecordingWrapper()
     with pytest.raises(ValueError, match="plan failed"):
-        prefill(u, [6], [2], use_ragged=True, hooked=True, original=failing)
+        prefill(u, [6], [2], use_ragged=True, hooked=True, original=failing, prefill_wrappers=[paged])
     assert patched == [True]
-    assert "begin_forward" not in vars(u.prefill_wrapper_ragged)
+    assert "begin_forward" not in vars(u.prefill_wrapper_ragged) and "begin_forward" not in vars(paged)
 
 
 @pytest.mark.parametrize(
@@ -163,6 +195,8 @@ def test_wrappers_are_left_as_they_were():
         {"custom_kv_indices": torch.zeros(1)},
         {"cross_attention_custom_mask": torch.zeros(1)},
         {"multi_item_params": SimpleNamespace(is_enabled=lambda: True)},
+        {"extend_prefix_lens_cpu": [2, 0]},  # more rows on the host than on the device
+        {"seq_lens_sum": 7},  # another total than the host lengths'
     ],
     ids=lambda o: next(iter(o)),
 )
@@ -181,13 +215,15 @@ def test_other_cases_go_through_unchanged(override):
 
 
 @pytest.mark.parametrize("which", ["ragged", "paged"])
-@pytest.mark.parametrize("installed", ["a plan SGLang installed", "cutlass"])
+@pytest.mark.parametrize("installed", ["a plan SGLang installed", "cutlass", "cuda graph"])
 def test_wrappers_that_do_not_plan_from_host_pointers_go_through_unchanged(which, installed):
     u = updater()
     paged = RecordingWrapper()
     wrapper = u.prefill_wrapper_ragged if which == "ragged" else paged
     if installed == "cutlass":
         wrapper._backend = "cutlass"
+    elif installed == "cuda graph":
+        wrapper.is_cuda_graph_enabled = True
     else:
         wrapper.begin_forward = functools.partial(RecordingWrapper.begin_forward, wrapper)
     calls = []

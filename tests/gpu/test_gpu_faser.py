@@ -70,12 +70,17 @@ VARIANTS = {
     "flashinfer-bf16-graphs-draft-triton": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
     # The same, each step's chain queued at the end of the step before (draft_ahead.py).
     "flashinfer-bf16-graphs-draft-triton-ahead": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
-    # Prefills (the target's) and catch-ups (the draft's) planned from host lengths,
-    # every plan's pointers checked against SGLang's on the device (host_plan.py); the
-    # reference is stock SGLang's.
+    # Prefills (the target's) and catch-ups (the draft's) planned from host lengths
+    # (host_plan.py): every plan's pointers checked against SGLang's on the device, which
+    # waits for the GPU at each plan; then as served, without the check. The reference
+    # is stock SGLang's.
     "flashinfer-bf16-graphs-host-plan": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
+    "flashinfer-bf16-graphs-host-plan-async": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
 }  # fmt: skip
-VARIANT_ENV = {"flashinfer-bf16-graphs-host-plan": {host_plan.ENV: host_plan.CHECK}}
+VARIANT_ENV = {
+    "flashinfer-bf16-graphs-host-plan": {host_plan.ENV: host_plan.CHECK},
+    "flashinfer-bf16-graphs-host-plan-async": {host_plan.ENV: "1"},
+}
 CONFIGS = {  # FASER config per variant
     "flashinfer-bf16-graphs-lazy": {"draft_prefill": "lazy"},
     "flashinfer-bf16-graphs-draft-triton-ahead": {"draft_ahead": True},
