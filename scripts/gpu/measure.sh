@@ -42,7 +42,7 @@
 #                                                            SCHED_TIMELINE, SPY) on the tiny pair, 64 new tokens
 #   twins-ab (after call 1 or on a fresh machine)           the bursty A/B (CONTENDERS, SCHED_TIMELINE, SPY) on
 #                                                            those twins, no GGUF, FASER-AD on the analytical
-#                                                            cost model; first h2d-sync.md (and on a fresh
+#                                                            cost model; first h2d-sync.md, prefill-plan.md (and on a fresh
 #                                                            machine the GPU tests TESTS_K). Call 4 waits more
 # On one GPU the tests run in the background of call 1 (TESTS_K selects them, e.g.
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
@@ -306,10 +306,12 @@ $(ab_diagnosed $MODELS)
              # twins would price drafts no real pair accepts). For host-side questions, such
              # as what a prefill's launch costs each server; first how long a small
              # host-to-device copy waits behind queued GPU work on this machine
-             # (h2d-sync.md). After call 1, or on a fresh machine, where it first runs the
+             # (h2d-sync.md) and what FlashInfer's prefill plan waits for with device or host
+             # pointers (prefill-plan.md). After call 1, or on a fresh machine, where it first runs the
              # GPU tests TESTS_K if set; the call waits at most WAIT s, call 4 waits more
     [[ -d $TINY/target ]] || python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/gpu/check_h2d_sync.py 2>&1 | tee "$RES/h2d-sync.md"
+    python3 scripts/gpu/check_prefill_plan.py 2>&1 | tee "$RES/prefill-plan.md"
     if [[ ! -f $RES/run-info.txt ]]; then  # no call 1 on this machine: nothing else will use the GPU
       if [[ -n ${TESTS_K:-} ]]; then OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k "$TESTS_K" | tail -15; fi
       touch $RES/tests.done $RES/warm.done
