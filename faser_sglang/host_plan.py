@@ -12,12 +12,11 @@ prefill forward, the eager launch of 48 layers the rest.
 
 The scheduler already knows those lengths on the host (``seq_lens_cpu``,
 ``extend_prefix_lens_cpu``). With the variable set, every server that loads the
-plugin, FASER's or not, hands FlashInfer host copies instead, for the plain case: one
-full-attention wrapper on FlashInfer's FA2 or FA3 kernels, no speculative input, no
-multi-item scoring, custom mask or custom KV indices. FlashInfer documents host pointers as the intended input (its copy
-back is "only required if qo_indptr/paged_kv_indptr are device tensors"). The plan,
-the kernels and the tokens are unchanged; the host launches the prefill while the
-step before it still runs. The plan copies the host pointers to the device with
+plugin, FASER's or not, hands FlashInfer host copies instead, for the plain case
+(``plain_case``, ``_plans_on_host``). FlashInfer documents host pointers as the
+intended input: its copy back is "only required if qo_indptr/paged_kv_indptr are
+device tensors". The plan, the kernels and the tokens are unchanged; the host launches
+the prefill while the step before it still runs. The plan copies the host pointers to the device with
 non-blocking copies from pageable memory, which do not wait for queued work either
 (``scripts/gpu/check_h2d_sync.py``: 0.04-0.12 ms behind 50 ms of it on an H100). After
 each plan the wrapper's device pointer buffers are SGLang's tensors again, as they are
@@ -48,7 +47,7 @@ UPDATE_SINGLE_WRAPPER = (
     "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill.update_single_wrapper"
 )
 
-# wrapper -> the event recorded after its last plan from host lengths
+# wrapper -> the event recorded after the hooked call that last planned it
 _copied: "weakref.WeakKeyDictionary[Any, torch.cuda.Event]" = weakref.WeakKeyDictionary()
 
 
