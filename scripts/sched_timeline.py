@@ -226,13 +226,17 @@ def prefill_fits(timelines: list[Timeline], start: float = 0.0, end: float = flo
     return "\n".join(lines)
 
 
+LONG_IDLE_MS = 100.0  # an idle loop this long has let the GPU finish any step before it
+
+
 def prefill_after(timelines: list[Timeline], start: float = 0.0, end: float = float("inf")) -> str:
     """One line per server: the median target forward of its prefills (their launch in
     files recorded before target forwards were) by the iteration before each: idle,
-    prefill or decode. On the overlap schedule the work of that iteration may still run
-    on the GPU, and a prefill that waits for the GPU inside its forward (FlashInfer's
-    plan reads its index pointers back) waits for it; after an idle loop nothing is
-    queued, so that median is the forward's own host time."""
+    short idle (under LONG_IDLE_MS), prefill or decode. On the overlap schedule the work
+    of that iteration may still run on the GPU, and a prefill that waits for the GPU
+    inside its forward (FlashInfer's plan reads its index pointers back) waits for it.
+    After a long idle loop nothing is queued, so that median is the forward's own host
+    time; a short one may end while the last step still runs."""
     lines = []
     for timeline in timelines:
         _, origin = picks_and_origin(timeline.records)
@@ -244,10 +248,13 @@ def prefill_after(timelines: list[Timeline], start: float = 0.0, end: float = fl
         before = current = None
         for r in timeline.records:
             if r["fn"] == "get_next_batch_to_run":
-                before, current = current, r["mode"]
+                before, current = current, r
             elif r["fn"] == fn and r["mode"] == "prefill" and before is not None:
                 if start <= r["t"] - origin < end:
-                    by_before[before].append(r["ms"])
+                    kind = before["mode"]
+                    if kind == "idle" and 1e3 * (current["t"] - before["t"]) < LONG_IDLE_MS:
+                        kind = "short idle"
+                    by_before[kind].append(r["ms"])
         cells = [f"after {kind} {statistics.median(ms):.1f} ms ({len(ms)})" for kind, ms in sorted(by_before.items())]
         if cells:
             lines.append(f"- {timeline.name}: prefill {label}, median {', '.join(cells)}")

@@ -155,10 +155,12 @@ def test_prefill_after_groups_prefills_by_the_iteration_before(script):
                                   (4.0, "prefill", 25.0)):  # fmt: skip
         records += [call("get_next_batch_to_run", t, before), call("get_next_batch_to_run", t + 0.1, "prefill"),
                     call("target_forward", t + 0.2, "prefill", forward_ms)]  # fmt: skip
+    records += [call("get_next_batch_to_run", 5.0, "idle"), call("get_next_batch_to_run", 5.01, "prefill"),
+                call("target_forward", 5.02, "prefill", 28.0)]  # a 10 ms idle: the last step may still run  # fmt: skip
     server = script.Timeline("no-spec (1)", records)
     assert script.prefill_after([server]) == (
         "- no-spec (1): prefill target forward, median after decode 32.0 ms (2), after idle 20.0 ms (1), "
-        "after prefill 25.0 ms (1)"
+        "after prefill 25.0 ms (1), after short idle 28.0 ms (1)"
     )
     # files recorded before target forwards were: the prefill's launch instead
     launches = [dict(r, fn="run_batch") if r["fn"] == "target_forward" else r for r in records]
