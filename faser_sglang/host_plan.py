@@ -8,7 +8,8 @@ schedule a prefill comes right after a step whose GPU work is still running, so 
 host sits in the plan for the rest of that step before it launches the prefill's
 first layer. On the 13.5B pair's full-depth twins (H100,
 ``results/gpu/2026-12-07-prefill-wait-h100.md``) that wait was 40-60% of the target's
-prefill forward, the eager launch of 48 layers the rest.
+prefill forward, the eager launch of 48 layers the rest. A FASER draft on FlashInfer
+plans the same way in each catch-up (an EXTEND forward inside a decode step).
 
 The scheduler already knows those lengths on the host (``seq_lens_cpu``,
 ``extend_prefix_lens_cpu``). With the variable set, every server that loads the
