@@ -42,8 +42,9 @@
 #                                                            SCHED_TIMELINE, SPY) on the tiny pair, 64 new tokens
 #   twins-ab (after call 1 or on a fresh machine)           the bursty A/B (CONTENDERS, SCHED_TIMELINE, SPY) on
 #                                                            those twins, no GGUF, FASER-AD on the analytical
-#                                                            cost model; first h2d-sync.md, prefill-plan.md (and on a fresh
-#                                                            machine the GPU tests TESTS_K). Call 4 waits more
+#                                                            cost model; first h2d-sync.md, then in the background
+#                                                            (on a fresh machine the GPU tests TESTS_K,)
+#                                                            prefill-plan.md and the A/B. Call 4 waits more
 # On one GPU the tests run in the background of call 1 (TESTS_K selects them, e.g.
 # TESTS_K=gpu_fuzz for the fuzzer alone), the A/B contenders one after another, and
 # the GPU-1 job and TP=2 runs are left out. Where a GPU machine is available for about
@@ -304,24 +305,27 @@ $(ab_diagnosed $MODELS)
              # shape twins of the preset: the pair's forward costs without the GGUF or a pair
              # build, every draft accepted, FASER-AD on the analytical cost model (a profile of
              # twins would price drafts no real pair accepts). For host-side questions, such
-             # as what a prefill's launch costs each server; first how long a small
-             # host-to-device copy waits behind queued GPU work on this machine
-             # (h2d-sync.md) and what FlashInfer's prefill plan waits for with device or host
-             # pointers (prefill-plan.md). After call 1, or on a fresh machine, where it first runs the
-             # GPU tests TESTS_K if set; the call waits at most WAIT s, call 4 waits more
+             # as what a prefill's launch costs each server. First, how long a small
+             # host-to-device copy waits behind queued GPU work on this machine (h2d-sync.md);
+             # in the background, once the GPU is free, what FlashInfer's prefill plan waits
+             # for with device or host pointers (prefill-plan.md), then the A/B. After call 1,
+             # or on a fresh machine, where the GPU tests TESTS_K (if set) run first in the
+             # background. The call waits at most WAIT s, call 4 waits more
     [[ -d $TINY/target ]] || python3 scripts/build_models.py tiny $TINY/target >/dev/null
     python3 scripts/gpu/check_h2d_sync.py 2>&1 | tee "$RES/h2d-sync.md"
-    python3 scripts/gpu/check_prefill_plan.py 2>&1 | tee "$RES/prefill-plan.md"
-    if [[ ! -f $RES/run-info.txt ]]; then  # no call 1 on this machine: nothing else will use the GPU
-      if [[ -n ${TESTS_K:-} ]]; then OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k "$TESTS_K" | tail -15; fi
-      touch $RES/tests.done $RES/warm.done
+    if [[ ! -f $RES/run-info.txt ]]; then  # no call 1 on this machine: its GPU tests are this stage's
+      rm -f $RES/tests.done; touch $RES/warm.done
+      log "background: GPU tests (-k '${TESTS_K:-}'), while the twins are built"
+      background tests "${TESTS_K:+OUT=$RES/tests bash scripts/gpu/run_gpu_tests.sh -k '$TESTS_K' | tail -15;} \
+        touch $RES/tests.done"
     fi
     echo '{"policy": "adaptive", "sampled_chain": false}' > $RES/faser-ad.json
     rm -f $RES/ab.done $RES/big.done
-    log "background: full-depth shape twins, then the A/B on them (${CONTENDERS:-all contenders})"
+    log "background: full-depth shape twins, the prefill plan check, the A/B (${CONTENDERS:-all contenders})"
     background big "set -eo pipefail
       python3 scripts/build_models.py twins $TINY/target $DEEP --preset $PAIR_PRESET --full-depth >/dev/null
       while [[ ! -f $RES/tests.done || ! -f $RES/warm.done ]]; do sleep 2; done  # GPU 0 to itself
+      python3 scripts/gpu/check_prefill_plan.py > $RES/prefill-plan.md 2>&1 || true
       $(ab_diagnosed $DEEP)
       touch $RES/ab.done $RES/big.done"
     wait_for big.done; grep '^\[ab\]' "$RES/big.log" | tail -20 ;;
