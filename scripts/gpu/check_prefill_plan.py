@@ -10,10 +10,12 @@ about ``--busy-ms`` of GPU work queued (``torch.cuda._sleep``), this prints:
    (median of 5): the first waits for the queued work, the second should not;
 2. whether the ragged attention's output is the same, bit for bit, under both plans;
 3. the page-locked buffer a plan writes its schedule into, copied to the device behind
-   the queued work: batch A is planned and its attention queued, then batch B is planned
-   on the same wrapper before A's copy ran. A's output against its reference, with B's
-   plan first waiting for an event recorded after A's plan (as host_plan.py does) and
-   without that wait (shows whether the wait is needed).
+   the queued work: batch A is planned and its attention queued, then batch B (the same
+   rows, split otherwise) is planned on the same wrapper before A's copy ran. A's output
+   against its reference, with B's plan first waiting for an event recorded after A's
+   plan (as host_plan.py does) and without that wait (shows whether the wait is
+   needed). If section 1's host-pointer plans wait too, the copies are synchronous here
+   and this section cannot show the race.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ import torch
 
 HEADS, KV_HEADS, HEAD_DIM = 40, 8, 128  # the 13.5B pair's attention shape
 A = [100, 37, 64, 5]  # new tokens per row of batch A
-B = [300, 1]
+# B: A's total (206 rows) in other rows, so A's kernel run on B's schedule stays within
+# its tensors and computes a wrong answer instead of faulting
+B = [130, 60, 16]
 ROUNDS = 5
 
 
@@ -49,28 +53,32 @@ def indptr(lens: list[int], device: str) -> torch.Tensor:
     return out.to(device)
 
 
-def ragged_plan(wrapper, lens: list[int], device: str) -> None:
+def ragged_args(lens: list[int], device: str) -> tuple:
     qo = indptr(lens, device)
-    wrapper.plan(qo, qo, HEADS, KV_HEADS, HEAD_DIM, causal=True, q_data_type=torch.bfloat16)
+    return (qo, qo, HEADS, KV_HEADS, HEAD_DIM)
 
 
-def paged_plan(wrapper, lens: list[int], device: str) -> None:
-    qo = indptr(lens, device)
+def paged_args(lens: list[int], device: str) -> tuple:
     kv_lens = [n + 50 for n in lens]  # a 50-token cached prefix per row
-    kv = indptr(kv_lens, device)
     indices = torch.arange(sum(kv_lens), dtype=torch.int32, device="cuda")
-    last_page = torch.ones(len(lens), dtype=torch.int32, device=device)
-    wrapper.plan(qo, kv, indices, last_page, HEADS, KV_HEADS, HEAD_DIM, 1, causal=True,
-                 q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)  # fmt: skip
+    last_page = torch.ones(len(lens), dtype=torch.int32).to(device)
+    return (indptr(lens, device), indptr(kv_lens, device), indices, last_page, HEADS, KV_HEADS, HEAD_DIM, 1)
 
 
-def host_ms(plan, wrapper, lens: list[int], device: str, cycles: int) -> float:
+def plan(wrapper, args: tuple) -> None:
+    """SGLang's plan call (positional pointers and shape, then the data types)."""
+    wrapper.plan(*args, causal=True, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+
+
+def host_ms(wrapper, args: tuple, cycles: int) -> float:
+    """Median host ms of the plan with ``args`` (built beforehand: a blocking copy of
+    device pointers would wait for the queued work before the plan starts)."""
     times = []
     for _ in range(ROUNDS):
         torch.cuda.synchronize()
         torch.cuda._sleep(cycles)
         started = time.perf_counter()
-        plan(wrapper, lens, device)
+        plan(wrapper, args)
         times.append((time.perf_counter() - started) * 1e3)
     torch.cuda.synchronize()
     return statistics.median(times)
@@ -96,37 +104,38 @@ def main() -> None:
     cycles = sleep_cycles_for(args.busy_ms)
     ragged = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace(), "NHD")
     paged = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace(), "NHD")
-    for plan, wrapper in ((ragged_plan, ragged), (paged_plan, paged)):
-        plan(wrapper, A, "cuda")  # first plans compile and load the kernels
+    for wrapper, build in ((ragged, ragged_args), (paged, paged_args)):
+        plan(wrapper, build(A, "cuda"))  # first plans compile and load the kernels
     torch.cuda.synchronize()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, flashinfer {flashinfer.__version__}, "
           f"~{args.busy_ms:.0f} ms of GPU work queued\n")  # fmt: skip
     print("| plan | pointers on the device: host ms | pointers on the host: host ms |")
     print("|---|---|---|")
-    for name, plan, wrapper in (("ragged", ragged_plan, ragged), ("paged", paged_plan, paged)):
-        on_device = host_ms(plan, wrapper, A, "cuda", cycles)
-        on_host = host_ms(plan, wrapper, A, "cpu", cycles)
+    for name, wrapper, build in (("ragged", ragged, ragged_args), ("paged", paged, paged_args)):
+        on_device = host_ms(wrapper, build(A, "cuda"), cycles)
+        on_host = host_ms(wrapper, build(A, "cpu"), cycles)
         print(f"| {name} | {on_device:.3f} | {on_host:.3f} |")
 
     q, k, v = qkv(A, seed=0)
-    ragged_plan(ragged, A, "cuda")
+    plan(ragged, ragged_args(A, "cuda"))
     reference = ragged.run(q, k, v)
-    ragged_plan(ragged, A, "cpu")
+    plan(ragged, ragged_args(A, "cpu"))
     same = torch.equal(ragged.run(q, k, v), reference)
     print(f"\nragged attention, host-pointer plan against device-pointer plan: {'identical' if same else 'DIFFERENT'}")
 
     print("\n| B planned while A's schedule copy is queued | A's output |")
     print("|---|---|")
+    plan_a, plan_b = ragged_args(A, "cpu"), ragged_args(B, "cpu")
     for wait in (True, False):
         torch.cuda.synchronize()
         torch.cuda._sleep(cycles)
-        ragged_plan(ragged, A, "cpu")
-        out = ragged.run(q, k, v)
-        planned = torch.cuda.Event()
+        plan(ragged, plan_a)
+        planned = torch.cuda.Event()  # right after A's schedule copy, as host_plan.py records it
         planned.record()
+        out = ragged.run(q, k, v)
         if wait:
             planned.synchronize()
-        ragged_plan(ragged, B, "cpu")
+        plan(ragged, plan_b)
         torch.cuda.synchronize()
         verdict = "as its reference" if torch.equal(out, reference) else "CORRUPTED"
         print(f"| {'after waiting for the event' if wait else 'without waiting'} | {verdict} |")
