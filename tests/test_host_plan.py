@@ -110,9 +110,18 @@ def test_host_indptrs_count_new_tokens_and_the_paged_kv():
     assert kv.tolist() == [0, 5, 14, 17]  # whole sequences
 
 
+def random_batch(seed: int) -> tuple[list[int], list[int]]:
+    """1-8 rows of up to 64 tokens, each with a cached prefix of up to all of them."""
+    g = torch.Generator().manual_seed(seed)
+    bs = int(torch.randint(1, 9, (1,), generator=g))
+    seq = torch.randint(1, 65, (bs,), generator=g).tolist()
+    return seq, [int(torch.randint(0, n + 1, (1,), generator=g)) for n in seq]
+
+
 @pytest.mark.parametrize("use_ragged", [True, False])
-def test_plans_get_host_copies_of_sglangs_pointers(use_ragged):
-    seq, prefix = [7, 12, 4], [3, 0, 4]
+@pytest.mark.parametrize("batch", [([7, 12, 4], [3, 0, 4])] + [random_batch(seed) for seed in range(12)])
+def test_plans_get_host_copies_of_sglangs_pointers(use_ragged, batch):
+    seq, prefix = batch
     plain = prefill(updater(), seq, prefix, use_ragged, hooked=False)
     u = updater()
     hooked = prefill(u, seq, prefix, use_ragged, hooked=True)
