@@ -75,15 +75,15 @@ def updater(max_bs: int = 8) -> fb.FlashInferIndicesUpdaterPrefill:
 def prefill(u, seq_lens: list[int], prefix_lens: list[int], use_ragged: bool, hooked: bool, original=ORIGINAL,
             **overrides):  # fmt: skip
     """One ``update_single_wrapper`` call as SGLang's extend path makes it (through the
-    hook when ``hooked``, around ``original``)."""
-    paged = RecordingWrapper()
+    hook when ``hooked``, around ``original``). Returns the ragged and the paged
+    wrapper's plans."""
     kwargs = dict(
         req_pool_indices=torch.arange(len(seq_lens)),
         seq_lens=torch.tensor(seq_lens),
         seq_lens_cpu=torch.tensor(seq_lens),
         seq_lens_sum=sum(seq_lens),
         prefix_lens=torch.tensor(prefix_lens),
-        prefill_wrappers=[paged],
+        prefill_wrappers=[RecordingWrapper()],
         use_ragged=use_ragged,
         encoder_lens=None,
         spec_info=None,
@@ -98,7 +98,7 @@ def prefill(u, seq_lens: list[int], prefix_lens: list[int], use_ragged: bool, ho
         host_plan.plan_from_host(original, u, **kwargs)
     else:
         ORIGINAL(u, **kwargs)
-    return u.prefill_wrapper_ragged.plans, paged.plans
+    return u.prefill_wrapper_ragged.plans, kwargs["prefill_wrappers"][0].plans
 
 
 def test_host_indptrs_count_new_tokens_and_the_paged_kv():
