@@ -60,7 +60,8 @@ compiled: results/gpu/2026-12-04-policy-kernels.md). Before any of it, a bound r
 which at high load is most steps: for every depth c and every n, the n largest gains
 among positions < c at the price of the fastest step with n drafts at most c deep (a
 verify of bs + n tokens, c draft forwards, and the least catch-ups of the fewest
-requests those drafts can come from).
+requests those drafts can come from, with the forwards they fill when catch-ups run in
+pieces).
 
 Worked example, two requests, K_max = 2, costs in ms: verify 10 + 2 per token
 beyond 2 tokens (compute-bound past bs), one draft forward 1, no per-row draft
@@ -165,7 +166,9 @@ def allocate(
     # adds (cost_model.chain_lags) that the step is charged; all of it by default.
     lags = np.ascontiguousarray(lagging(catchup) if lag_weights is None else lag_weights, np.float64)
     lag_forward = d.decode_forward if chained else 0.0
-    if not _any_draft_can_pay(gains, own, chain_rows, verify, forward, max_drafts, no_draft.tokens_per_second):
+    if not _any_draft_can_pay(
+        gains, own, chain_rows, verify, forward, max_drafts, pieces, d.extend_forward, no_draft.tokens_per_second
+    ):  # fmt: skip
         return no_draft
     # [bs, K] with the first verify token's price; floored so a free item ranks first
     # instead of dividing by zero (a fit may price some features at exactly 0).
@@ -340,33 +343,47 @@ def _any_draft_can_pay(
     verify: np.ndarray,  # [M+1] verify seconds with 0..M drafts
     forward: np.ndarray,  # [K+1] draft forwards' seconds when the deepest draft is 0..K
     max_drafts: Optional[int],
+    pieces: Optional[CatchupPieces],  # None: a catch-up is one forward
+    catchup_forward: float,  # seconds per catch-up forward
     plain_rate: float,
 ) -> bool:
     """False when no allocation can beat the plain decode's ``plain_rate``. A step with n
     drafts, the deepest at depth c, emits at most bs + the n largest gains among
-    positions < c, and takes at least the verify of bs + n tokens, c draft forwards and
-    the drafts' own costs: each at least the least own cost lo, and each of its at least
-    n / c requests' first draft (which carries the request's catch-up) at least the least
-    first-draft cost more, and in a chain each of those requests c - 1 rows at least the
-    least chain row. Checked for every c and n (costs are non-negative:
-    CostModel.from_dict refuses others). This is
-    the regime of high load (a verify token dearer than its gain is worth, catch-ups
-    grown over plain steps), where it saves the walks; bounding each depth apart keeps
-    the deep drafts of a few well-accepted requests from passing it at the price of one
-    forward and one catch-up."""
+    positions < c, and draws them from at least r = ceil(n / c) requests. It takes at
+    least the verify of bs + n tokens, c draft forwards and the drafts' own costs: each
+    at least the least own cost lo, the r cheapest first drafts (which carry their
+    requests' catch-ups) what they cost beyond lo, in a chain c - 1 rows of each of r
+    requests at the least chain row, and with catch-ups in pieces the forwards of the
+    r least usual catch-ups (CatchupPieces charges at least those of the drafting
+    requests' usual catch-ups, and they are at least these). Checked for every c and n
+    (costs are non-negative: CostModel.from_dict refuses others). This is the regime of
+    high load (a verify token dearer than its gain is worth, catch-ups grown over plain
+    steps), where it saves the walks; bounding each depth apart keeps the deep drafts of
+    a few well-accepted requests from passing it at the price of one forward and one
+    catch-up."""
+    lo = own.min()
+    first = np.concatenate(([0.0], np.cumsum(np.sort(own[:, 0] - lo))))  # [bs+1] the r cheapest beyond lo
+    steady = np.zeros(len(gains) + 1)  # [bs+1] the r least usual catch-ups' tokens (pieces only)
+    if pieces is not None:
+        steady[1:] = np.cumsum(np.sort(np.asarray(pieces.steady, np.float64)))
     return _bound_kernel(
-        gains, own, chain_rows, verify, forward, NO_CAP if max_drafts is None else max_drafts, plain_rate
-    )
+        gains, lo, first, chain_rows.min(), verify, forward, NO_CAP if max_drafts is None else max_drafts,
+        steady, 0 if pieces is None else pieces.piece_tokens, catchup_forward, plain_rate,
+    )  # fmt: skip
 
 
 @njit(cache=True)
 def _bound_kernel(
     gains: np.ndarray,  # [bs, K]
-    own: np.ndarray,  # [bs, K]
-    chain_rows: np.ndarray,  # [bs]
+    lo: float,  # the least own cost of any item
+    first: np.ndarray,  # [bs+1] the r cheapest first items' own costs beyond lo, summed
+    chain_lo: float,  # the least chain row
     verify: np.ndarray,  # [M+1]
     forward: np.ndarray,  # [K+1]
     max_drafts: int,  # NO_CAP: none
+    steady: np.ndarray,  # [bs+1] the r least usual catch-ups' tokens, summed
+    piece_tokens: int,  # 0: a catch-up is one forward
+    catchup_forward: float,
     plain_rate: float,
 ) -> bool:
     bs, k_max = gains.shape
@@ -375,9 +392,6 @@ def _bound_kernel(
         for i in range(bs):
             flat[j * bs + i] = gains[i, j]
     order = np.argsort(-flat)  # largest gain first
-    lo = own.min()
-    first = own[:, 0].min()  # >= lo
-    chain_lo = chain_rows.min()
     for cap in range(1, k_max + 1):
         count, top = 0, 0.0  # n, the n largest gains at positions < cap
         for item in order:
@@ -387,8 +401,10 @@ def _bound_kernel(
             if max_drafts != NO_CAP and count > max_drafts:
                 break
             top += flat[item]
-            requests = count / cap  # at least, drafting up to cap deep
-            seconds = verify[count] + forward[cap] + lo * count + (first - lo + chain_lo * (cap - 1)) * requests
+            requests = (count + cap - 1) // cap  # at least, drafting up to cap deep
+            seconds = verify[count] + forward[cap] + lo * count + first[requests] + chain_lo * (cap - 1) * requests
+            if piece_tokens > 0:
+                seconds += catchup_forward * (_catchup_forwards(steady[requests], piece_tokens) - 1.0)
             if (bs + top) / seconds > plain_rate:
                 return True
     return False
