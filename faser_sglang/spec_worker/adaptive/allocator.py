@@ -361,13 +361,9 @@ def _any_draft_can_pay(
     steps), where it saves the walks; bounding each depth apart keeps the deep drafts of
     a few well-accepted requests from passing it at the price of one forward and one
     catch-up."""
-    lo = own.min()
-    first = np.concatenate(([0.0], np.cumsum(np.sort(own[:, 0] - lo))))  # [bs+1] the r cheapest beyond lo
-    steady = np.zeros(len(gains) + 1)  # [bs+1] the r least usual catch-ups' tokens (pieces only)
-    if pieces is not None:
-        steady[1:] = np.cumsum(np.sort(np.asarray(pieces.steady, np.float64)))
+    steady = np.zeros(len(gains)) if pieces is None else np.asarray(pieces.steady, np.float64)
     return _bound_kernel(
-        gains, lo, first, chain_rows.min(), verify, forward, NO_CAP if max_drafts is None else max_drafts,
+        gains, own, chain_rows, verify, forward, NO_CAP if max_drafts is None else max_drafts,
         steady, 0 if pieces is None else pieces.piece_tokens, catchup_forward, plain_rate,
     )  # fmt: skip
 
@@ -375,18 +371,25 @@ def _any_draft_can_pay(
 @njit(cache=True)
 def _bound_kernel(
     gains: np.ndarray,  # [bs, K]
-    lo: float,  # the least own cost of any item
-    first: np.ndarray,  # [bs+1] the r cheapest first items' own costs beyond lo, summed
-    chain_lo: float,  # the least chain row
+    own: np.ndarray,  # [bs, K]
+    chain_rows: np.ndarray,  # [bs]
     verify: np.ndarray,  # [M+1]
     forward: np.ndarray,  # [K+1]
     max_drafts: int,  # NO_CAP: none
-    steady: np.ndarray,  # [bs+1] the r least usual catch-ups' tokens, summed
+    steady: np.ndarray,  # [bs] each request's usual catch-up tokens (pieces only)
     piece_tokens: int,  # 0: a catch-up is one forward
     catchup_forward: float,
     plain_rate: float,
 ) -> bool:
     bs, k_max = gains.shape
+    lo = own.min()
+    chain_lo = chain_rows.min()
+    # [bs+1] over the r cheapest first items, what they cost beyond lo, and over the r
+    # least usual catch-ups, their tokens; each summed
+    first = np.zeros(bs + 1)
+    first[1:] = np.cumsum(np.sort(own[:, 0]) - lo)
+    least_steady = np.zeros(bs + 1)
+    least_steady[1:] = np.cumsum(np.sort(steady))
     flat = np.empty(bs * k_max)  # level-major: item j * bs + i
     for j in range(k_max):
         for i in range(bs):
@@ -404,7 +407,7 @@ def _bound_kernel(
             requests = (count + cap - 1) // cap  # at least, drafting up to cap deep
             seconds = verify[count] + forward[cap] + lo * count + first[requests] + chain_lo * (cap - 1) * requests
             if piece_tokens > 0:
-                seconds += catchup_forward * (_catchup_forwards(steady[requests], piece_tokens) - 1.0)
+                seconds += catchup_forward * (_catchup_forwards(least_steady[requests], piece_tokens) - 1.0)
             if (bs + top) / seconds > plain_rate:
                 return True
     return False
