@@ -25,19 +25,27 @@ without the hook (``_host_plan``).
 
 A plan writes its schedule into a page-locked host buffer of its wrapper and queues
 the copy of it to the device. The device copy used to be the first thing to wait for,
-so a plan never overwrote a buffer whose copy was still queued. Without the wait, every
-call of the hook (every plan of these wrappers, from host lengths or not) records an
-event after its plans, and a wrapper's next plan from host lengths waits for that event
-first: for that copy alone, queued behind at most the step before the previous plan.
+so a plan never overwrote a buffer whose copy was still queued. Without that wait the
+wrapper takes turns among RING page-locked buffers (``_Ring``): a plan from host
+lengths writes into the buffer after the one its wrapper holds, once the last copy out
+of that buffer has run. Every call of the hook (every plan of these wrappers, from host
+lengths or not) records an event after its plans for the buffers they wrote into. With
+one buffer a plan waited for the last copy out of it, so for all work queued before
+that copy: after a FASER step whose verify ran as an EXTEND forward, the step's draft
+chain, queued before the verify's plan. On the twins, host plans took 5 ms off FASER's
+prefills and 25 ms off no-spec's (H100, ``results/gpu/2026-12-07-host-plan-h100.md``).
+A buffer's last copy is RING - 1 plans back; with one step in flight on the overlap
+schedule, that copy is behind work the GPU has run.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 import weakref
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -48,8 +56,37 @@ UPDATE_SINGLE_WRAPPER = (
     "sglang.srt.layers.attention.flashinfer_backend.FlashInferIndicesUpdaterPrefill.update_single_wrapper"
 )
 
-# wrapper -> the event recorded after the hooked call that last planned it
-_copied: "weakref.WeakKeyDictionary[Any, torch.cuda.Event]" = weakref.WeakKeyDictionary()
+RING = 3  # page-locked schedule buffers a wrapper takes turns among
+PINNED = "_pin_memory_int_workspace_buffer"  # FlashInfer's page-locked schedule buffer of a wrapper
+FIRST_PLAN_LOG = f"{ENV}: planned a prefill's attention from host lengths"  # logged once per process
+
+logger = logging.getLogger(__name__)
+
+
+class _Ring:
+    """A wrapper's page-locked schedule buffers (its own first; the others made at
+    their first turn) and, per buffer, the event recorded after the last call that
+    planned into it (None: no copy out of it is queued)."""
+
+    def __init__(self, own: torch.Tensor):
+        self.buffers: list[Optional[torch.Tensor]] = [own] + [None] * (RING - 1)
+        self.copied: list[Optional[Any]] = [None] * RING
+        self.held = 0  # the buffer the wrapper holds
+
+    def next_turn(self, wrapper: Any) -> None:
+        """Hand ``wrapper`` the next buffer once the last copy out of it has run."""
+        turn = (self.held + 1) % RING
+        if self.copied[turn] is not None:
+            self.copied[turn].synchronize()
+        if self.buffers[turn] is None:
+            own = self.buffers[0]
+            self.buffers[turn] = torch.empty_like(own, pin_memory=own.is_pinned())
+        self.held = turn
+        setattr(wrapper, PINNED, self.buffers[turn])
+
+
+_rings: "weakref.WeakKeyDictionary[Any, _Ring]" = weakref.WeakKeyDictionary()
+_first_plan_logged = False
 
 
 def enabled() -> bool:
@@ -117,16 +154,15 @@ PAGED_BUFFERS = {0: ("_qo_indptr_buf",), 1: ("_paged_kv_indptr_buf",), 3: ("_pag
 def _host_plan(
     plan: Callable, wrapper: Any, replace: Callable[[tuple], tuple], buffers: dict[int, tuple[str, ...]]
 ) -> Callable:
-    """``plan`` with its positional pointers replaced by host copies, once the wrapper's
-    previous plan has finished copying its schedule to the device. Its device buffers
-    are then SGLang's tensors again, as without the hook: the copies ``plan`` made from
-    the host pointers hold the same values, but freeing them at the next plan would be
-    safe only on the stream that planned, and SGLang may plan on a side stream."""
+    """``plan`` with its positional pointers replaced by host copies, into the
+    wrapper's next page-locked buffer (``_Ring``). Its device buffers are then SGLang's
+    tensors again, as without the hook: the copies ``plan`` made from the host pointers
+    hold the same values, but freeing them at the next plan would be safe only on the
+    stream that planned, and SGLang may plan on a side stream."""
 
     def host_plan(*args, **kwargs):
-        previous = _copied.pop(wrapper, None)
-        if previous is not None:
-            previous.synchronize()
+        global _first_plan_logged
+        _ring(wrapper).next_turn(wrapper)
         host_args = replace(args)
         if checking():
             _check(args, host_args)
@@ -134,21 +170,33 @@ def _host_plan(
         for position, names in buffers.items():
             for name in names:
                 setattr(wrapper, name, args[position])
+        if not _first_plan_logged:
+            _first_plan_logged = True
+            logger.info(FIRST_PLAN_LOG)
         return out
 
     return host_plan
 
 
+def _ring(wrapper: Any) -> _Ring:
+    ring = _rings.get(wrapper)
+    if ring is None:
+        ring = _rings[wrapper] = _Ring(getattr(wrapper, PINNED))
+    return ring
+
+
 def _mark_copied(wrappers: Sequence[Any]) -> None:
-    """Record, after the plans of this call, the event the wrappers' next plans from
-    host lengths wait for: every plan's copy, from host lengths or not (a verify's, a
-    speculative extend's), is queued before it."""
+    """Record, after the plans of this call, the event the next plan into each
+    wrapper's current buffer waits for: every plan's copy, from host lengths or not (a
+    verify's, a speculative extend's), is queued before it."""
     if not torch.cuda.is_available():
         return
     done = torch.cuda.Event()
     done.record()
     for wrapper in wrappers:
-        _copied[wrapper] = done
+        if hasattr(wrapper, PINNED):
+            ring = _ring(wrapper)
+            ring.copied[ring.held] = done
 
 
 def _plans_on_host(wrapper: Any) -> bool:
@@ -168,15 +216,14 @@ def plan_from_host(original: Callable, *args, **kwargs):
     """AROUND hook on ``FlashInferIndicesUpdaterPrefill.update_single_wrapper``: for
     the plain case, its wrappers' ``begin_forward`` (FlashInfer's ``plan``) take host
     index pointers for the duration of the call. Every call, plain or not, then marks
-    the wrappers' plans as queued (``_mark_copied``)."""
+    the plans of the wrappers it planned as queued (``_mark_copied``)."""
     bound = _signature(original).bind(*args, **kwargs)
     a = bound.arguments
     ragged, paged = a["self"].prefill_wrapper_ragged, a["prefill_wrappers"][0]
-    wrappers = [w for w in (ragged, paged) if w is not None]
-    planned = [paged, ragged] if a["use_ragged"] else [paged]
+    planned = [paged, ragged] if a["use_ragged"] else [paged]  # as SGLang's call_begin_forward plans them
     if not plain_case(bound) or None in planned or not all(_plans_on_host(w) for w in planned):
         out = original(*args, **kwargs)
-        _mark_copied(wrappers)
+        _mark_copied([w for w in planned if w is not None])
         return out
     qo, kv = host_indptrs(a["seq_lens_cpu"].tolist(), a["extend_prefix_lens_cpu"], a["use_ragged"])
     last_page = torch.ones(len(qo) - 1, dtype=torch.int32)  # SGLang's pages hold one token
@@ -192,7 +239,7 @@ def plan_from_host(original: Callable, *args, **kwargs):
     finally:
         for wrapper in planned:
             del wrapper.begin_forward
-        _mark_copied(wrappers)
+        _mark_copied(planned)
 
 
 @functools.lru_cache(maxsize=None)

@@ -30,9 +30,12 @@ class RecordingWrapper:
 
     def __init__(self):
         self.plans: list[tuple[tuple, dict]] = []
+        self._pin_memory_int_workspace_buffer = torch.empty(64, dtype=torch.uint8)
+        self.schedule_buffers: list[torch.Tensor] = []  # the page-locked buffer of each plan
 
     def begin_forward(self, *args, **kwargs):
         self.plans.append((args, kwargs))
+        self.schedule_buffers.append(getattr(self, host_plan.PINNED))
         names = host_plan.PAGED_BUFFERS if len(args) > 3 and torch.is_tensor(args[3]) else host_plan.RAGGED_BUFFERS
         for position, attributes in names.items():
             for name in attributes:
@@ -245,9 +248,11 @@ def test_wrappers_that_do_not_plan_from_host_pointers_go_through_unchanged(which
     assert calls == [vars(wrapper).get("begin_forward")]  # SGLang's own, or none
 
 
-def test_a_plan_from_host_lengths_waits_for_the_wrappers_previous_plan_to_be_copied(monkeypatch):
-    """Each call records an event after its plans; a wrapper's next plan from host
-    lengths waits for it (the page-locked buffer it writes was that copy's source)."""
+def test_plans_from_host_lengths_take_turns_among_page_locked_buffers(monkeypatch):
+    """Each call records an event after its plans for the buffers they wrote into; a
+    plan from host lengths writes into its wrapper's next buffer, once the event of the
+    last call that wrote into that one has passed (the buffer was that copy's source).
+    A plan not from host lengths (a verify's) writes into the buffer the wrapper holds."""
     log: list[tuple[str, int]] = []
 
     class Event:
@@ -267,19 +272,33 @@ def test_a_plan_from_host_lengths_waits_for_the_wrappers_previous_plan_to_be_cop
     monkeypatch.setattr(torch.cuda, "Event", Event)
     u = updater()
     paged = RecordingWrapper()
+    own = {w: getattr(w, host_plan.PINNED) for w in (u.prefill_wrapper_ragged, paged)}
 
     @stand_in
-    def speculative(updater, *args, **kwargs):  # a plan not from host lengths (a verify's)
+    def speculative(updater, *args, **kwargs):
         log.append(("plan", 0))
 
     prefill(u, [6], [2], use_ragged=True, hooked=True, original=speculative, prefill_wrappers=[paged],
             spec_info=object())  # fmt: skip
-    prefill(u, [6], [2], use_ragged=True, hooked=True, prefill_wrappers=[paged])
-    prefill(u, [7], [0], use_ragged=True, hooked=True, prefill_wrappers=[paged])
-    # ragged then paged plan each wait for the event of the call before
-    assert log == [("plan", 0), ("record", 1), ("wait", 1), ("wait", 1), ("record", 2), ("wait", 2), ("wait", 2),
-                   ("record", 3)]  # fmt: skip
-    assert len(u.prefill_wrapper_ragged.plans) == len(paged.plans) == 2
+    for n in range(4):
+        prefill(u, [6 + n], [2], use_ragged=True, hooked=True, prefill_wrappers=[paged])
+    # calls 2 and 3 write into fresh buffers; 4 and 5 into the first two again, after
+    # the events of calls 1 and 2 (both wrappers wait for the same event)
+    assert log == [("plan", 0), ("record", 1), ("record", 2), ("record", 3), ("wait", 1), ("wait", 1),
+                   ("record", 4), ("wait", 2), ("wait", 2), ("record", 5)]  # fmt: skip
+    for wrapper in (u.prefill_wrapper_ragged, paged):
+        ring = [b.data_ptr() for b in wrapper.schedule_buffers]
+        assert len(set(ring)) == host_plan.RING == 3 and ring[3] == ring[0]
+        assert own[wrapper].data_ptr() == ring[2]  # the wrapper's own buffer takes its turn
+        assert all(b.shape == own[wrapper].shape and b.dtype == own[wrapper].dtype for b in wrapper.schedule_buffers)
+
+
+def test_the_first_plan_from_host_lengths_is_logged(monkeypatch, caplog):
+    monkeypatch.setattr(host_plan, "_first_plan_logged", False)
+    with caplog.at_level("INFO", logger=host_plan.__name__):
+        prefill(updater(), [6], [2], use_ragged=True, hooked=True)
+        prefill(updater(), [6], [2], use_ragged=True, hooked=True)
+    assert [r.getMessage() for r in caplog.records] == [host_plan.FIRST_PLAN_LOG]
 
 
 def test_check_mode_fails_on_a_pointer_that_differs(monkeypatch):

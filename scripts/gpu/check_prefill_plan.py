@@ -13,9 +13,10 @@ about ``--busy-ms`` of GPU work queued (``torch.cuda._sleep``), this prints:
    the queued work: batch A is planned and its attention queued, then batch B (the same
    rows, split otherwise) is planned on the same wrapper before A's copy ran. A's output
    against its reference, with B's plan first waiting for an event recorded after A's
-   plan (as host_plan.py does) and without that wait (shows whether the wait is
-   needed). If section 1's host-pointer plans wait too, the copies are synchronous here
-   and this section cannot show the race.
+   plan, without that wait (shows whether a wait is needed), and without it but into
+   another page-locked buffer (as host_plan.py's plans take turns among buffers). If
+   section 1's host-pointer plans wait too, the copies are synchronous here and this
+   section cannot show the race.
 """
 
 from __future__ import annotations
@@ -116,7 +117,12 @@ def main() -> None:
     print("\n| B planned while A's schedule copy is queued | A's output |")
     print("|---|---|")
     plan_a, plan_b = ragged_args(A, "cpu"), ragged_args(B, "cpu")
-    for wait in (True, False):
+    own = ragged._pin_memory_int_workspace_buffer
+    other = torch.empty_like(own, pin_memory=True)
+    cases = (("after waiting for the event", True, own), ("without waiting", False, own),
+             ("without waiting, into another page-locked buffer", False, other))  # fmt: skip
+    for name, wait, b_buffer in cases:
+        ragged._pin_memory_int_workspace_buffer = own
         torch.cuda.synchronize()
         torch.cuda._sleep(cycles)
         plan(ragged, plan_a)
@@ -125,10 +131,11 @@ def main() -> None:
         out = ragged.run(q, k, v)
         if wait:
             planned.synchronize()
+        ragged._pin_memory_int_workspace_buffer = b_buffer
         plan(ragged, plan_b)
         torch.cuda.synchronize()
         verdict = "as its reference" if torch.equal(out, reference) else "CORRUPTED"
-        print(f"| {'after waiting for the event' if wait else 'without waiting'} | {verdict} |")
+        print(f"| {name} | {verdict} |")
 
 
 if __name__ == "__main__":

@@ -233,6 +233,8 @@ def test_greedy_equals_no_spec(variant, gpu_models, logit_ulp, tmp_path):
         assert steps[0]["draft_kv_lens"] == [0] * len(steps[0]["draft_kv_lens"])  # no draft prefill ran
     if CONFIGS.get(variant, {}).get("draft_ahead"):
         assert any(s.get("draft_steps") == "ahead" for s in steps)
+    if host_plan.ENV in VARIANT_ENV.get(variant, {}):  # the plans did come from host lengths
+        assert host_plan.FIRST_PLAN_LOG in fserver.log_path.read_text(errors="replace")
 
 
 _REFERENCES: dict[str, list[dict]] = {}
