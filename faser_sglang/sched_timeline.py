@@ -50,6 +50,7 @@ from typing import Any, Callable, Optional, TextIO
 
 import torch
 
+from faser_sglang import host_plan
 from faser_sglang.config import CONFIG_ENV
 
 TIMELINE_ENV = "FASER_SCHED_TIMELINE"
@@ -128,6 +129,7 @@ def _open(scheduler: Any) -> TextIO:
             "speculative_num_steps": args.speculative_num_steps,
             "overlap": not args.disable_overlap_schedule,
             "faser_config": os.environ.get(CONFIG_ENV),
+            "host_prefill_plan": host_plan.enabled(),
         }
         _file.write(json.dumps(header) + "\n")
     return _file

@@ -69,10 +69,12 @@ def split(pick: dict, calls: list[dict], end_t: float) -> dict[str, float]:
 
 
 def server_name(header: dict) -> str:
-    """"faser k7 (1234)", or with its FASER_CONFIG file's stem: "faser k7 (1234, faser-ad)"."""
+    """"faser k7 (1234)", with its FASER_CONFIG file's stem and whether it planned
+    prefills from host lengths where it did: "faser k7 (1234, faser-ad, host plan)"."""
     label = server_label(header.get("speculative_algorithm"), header.get("speculative_num_steps"))
     config = header.get("faser_config")
-    return f"{label} ({header['pid']}{', ' + Path(config).stem if config else ''})"
+    extras = ([Path(config).stem] if config else []) + (["host plan"] if header.get("host_prefill_plan") else [])
+    return f"{label} ({', '.join([str(header['pid']), *extras])})"
 
 
 def load(path: Path) -> Timeline:

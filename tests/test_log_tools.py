@@ -155,6 +155,10 @@ def test_timeline_server_names(timeline):
     configured = {"pid": 7, "speculative_algorithm": "FASER", "speculative_num_steps": 7,
                   "faser_config": "/r/faser-ad@draft_prefill=eager.json"}  # fmt: skip
     assert timeline.server_name(configured) == "faser k7 (7, faser-ad@draft_prefill=eager)"
+    assert timeline.server_name({**configured, "host_prefill_plan": True}) == (
+        "faser k7 (7, faser-ad@draft_prefill=eager, host plan)"
+    )
+    assert timeline.server_name({"pid": 8, "host_prefill_plan": True}) == "no-spec (8, host plan)"
 
 
 def test_timeline_alloc_retries_takes_each_servers_last_count(timeline):

@@ -92,6 +92,7 @@ def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
         "speculative_num_steps": 7,
         "overlap": True,
         "faser_config": None,
+        "host_prefill_plan": False,
     }
     assert calls_of(lines[1:]) == [
         ("get_next_batch_to_run", "prefill", 2, 40),
