@@ -32,10 +32,11 @@ of that buffer has run. Every call of the hook (every plan of these wrappers, fr
 lengths or not) records an event after its plans for the buffers they wrote into. With
 one buffer a plan waited for the last copy out of it, so for all work queued before
 that copy: after a FASER step whose verify ran as an EXTEND forward, the step's draft
-chain, queued before the verify's plan. On the twins, host plans took 5 ms off FASER's
-prefills and 25 ms off no-spec's (H100, ``results/gpu/2026-12-07-host-plan-h100.md``).
-A buffer's last copy is RING - 1 plans back; with one step in flight on the overlap
-schedule, that copy is behind work the GPU has run.
+chain, queued before the verify's plan. A buffer's last copy is RING - 1 plans back;
+with one step in flight on the overlap schedule, that copy is behind work the GPU has
+run. (On an H100 a plan into another buffer needed no wait, and with one buffer host
+plans took 25 ms off no-spec's prefills on the twins but 5 ms off FASER-AD's:
+``results/gpu/2026-12-07-host-plan-h100.md``.)
 """
 
 from __future__ import annotations
