@@ -1,6 +1,6 @@
 """Where a scheduler process spends its main loop's time, from py-spy raw stacks.
 
-    python scripts/spy_summary.py [--exclude SUBSTRING ...] spy-<pid>.txt[.gz] [...]
+    python scripts/spy_summary.py spy-<pid>.txt[.gz] [...] [--exclude SUBSTRING ...] [--within SUBSTRING]...
 
 (with spy-<pid>.cmd beside each).
 Reads py-spy's ``--format raw`` output (one line per distinct stack, ``frame;frame;...
@@ -10,7 +10,12 @@ scheduler's main thread, not its helper threads. Prints, per file, the functions
 inclusive and self shares of those samples (markdown), the contender named from the
 server command line in the ``.cmd`` file beside it. ``--exclude`` drops the stacks
 with a frame that contains any of the given strings (e.g. ``_do_compile JitSpec.build``:
-a fresh machine's first kernel compiles, which run inside the loop).
+a fresh machine's first kernel compiles, which run inside the loop). ``--within`` keeps
+only the stacks with a frame that contains each string given (one per ``--within``),
+from the first frame that contains the last of them inward, and shares out their
+samples: where a function's time goes (``--within _prefill --within
+forward_batch_generation``: a FASER server's target prefill; ``--within _execute_extend``:
+any server's eager EXTEND forwards).
 """
 
 from __future__ import annotations
@@ -35,8 +40,12 @@ def function_name(frame: str) -> str:
     return f"{m['func']} ({Path(m['file']).name})"
 
 
-def loop_stacks(text: str, exclude: tuple[str, ...] = ()) -> list[tuple[list[str], int]]:
-    """The stacks under the event loop, each from the loop's frame inward, with its count."""
+def loop_stacks(
+    text: str, exclude: tuple[str, ...] = (), within: tuple[str, ...] = ()
+) -> list[tuple[list[str], int]]:
+    """The stacks under the event loop, each from the loop's frame inward (or, with
+    ``within``, from the first frame that contains its last string, in the stacks that
+    have a frame with each), with its count."""
     out = []
     for line in text.splitlines():
         stack, _, count = line.rpartition(" ")
@@ -44,8 +53,11 @@ def loop_stacks(text: str, exclude: tuple[str, ...] = ()) -> list[tuple[list[str
             continue
         frames = [function_name(f) for f in stack.split(";")]
         start = next((i for i, f in enumerate(frames) if f.split(" ")[0].rsplit(".", 1)[-1].startswith(LOOP)), None)
-        if start is not None:
-            out.append((frames[start:], int(count)))
+        if start is None or not all(any(w in f for f in frames) for w in within):
+            continue
+        if within:
+            start = next(i for i, f in enumerate(frames) if within[-1] in f)
+        out.append((frames[start:], int(count)))
     return out
 
 
@@ -66,13 +78,14 @@ def contender(cmd: str) -> str:
     return server_label(algorithm and algorithm[1], steps and int(steps[1]))
 
 
-def report(path: Path, exclude: tuple[str, ...] = (), top: int = 25) -> str:
+def report(path: Path, exclude: tuple[str, ...] = (), within: tuple[str, ...] = (), top: int = 25) -> str:
     cmd_file = path.parent / (path.name.removesuffix(".gz").removesuffix(".txt") + ".cmd")
     name = contender(cmd_file.read_text()) if cmd_file.exists() else "?"
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", errors="replace") as f:
-        total, inclusive, own = shares(loop_stacks(f.read(), exclude))
-    lines = [f"### {path.name}: {name}, {total} event-loop samples", ""]
+        total, inclusive, own = shares(loop_stacks(f.read(), exclude, within))
+    where = f" within {' > '.join(within)}" if within else ""
+    lines = [f"### {path.name}: {name}, {total} event-loop samples{where}", ""]
     if not total:
         return "\n".join(lines)
     lines += ["| function | inclusive % | self % |", "|---|---|---|"]
@@ -85,5 +98,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--exclude", nargs="*", default=[])
+    parser.add_argument("--within", action="append", default=[])
     args = parser.parse_args()
-    print("\n\n".join(report(p, tuple(args.exclude)) for p in args.files))
+    print("\n\n".join(report(p, tuple(args.exclude), tuple(args.within)) for p in args.files))

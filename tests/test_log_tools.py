@@ -69,6 +69,19 @@ def test_spy_summary_keeps_the_event_loop_and_shares_by_function(spy, tmp_path: 
     assert "| synchronize (streams.py) | 60.0 | 60.0 |" in text
 
 
+def test_spy_summary_within_a_function_shares_out_its_samples(spy, tmp_path: Path):
+    nested = RAW.replace("forward_batch_generation (/f/worker.py:128) 30",
+                         "_prefill (/f/worker.py:190);forward_batch_generation (/t/tp_worker.py:9);plan (/fi/prefill.py:3391) 30")  # fmt: skip
+    stacks = spy.loop_stacks(nested, within=("_prefill", "forward_batch_generation"))
+    assert stacks == [(["forward_batch_generation (tp_worker.py)", "plan (prefill.py)"], 30)]
+    assert spy.loop_stacks(nested, within=("_decode", "forward_batch_generation")) == []
+    path = tmp_path / "spy-8.txt"
+    path.write_text(nested)
+    text = spy.report(path, within=("forward_batch_generation",))
+    assert text.startswith("### spy-8.txt: ?, 30 event-loop samples within forward_batch_generation")
+    assert "| plan (prefill.py) | 100.0 | 100.0 |" in text
+
+
 def test_spy_contender_names(spy):
     assert spy.contender("python -m sglang.launch_server --model-path m") == "no-spec"
     cmd = "x --speculative-algorithm STANDALONE --speculative-num-steps 3 --y"
