@@ -27,10 +27,12 @@ Each line is ``{"fn", "t", "ms", "mode", "bs", "tokens"}``:
   target forward given SGLang's ForwardBatch instead of a batch: its rows and input
   tokens; None for a verify's batch).
 
-A recorded idle pick also carries ``alloc_retries``: PyTorch's caching allocator's
-``num_alloc_retries`` so far on this process's GPU (None without CUDA). A retry frees
-cached blocks and synchronizes the device, so a server with less free memory (a draft
-model beside the target) can stall where another does not. The header names the
+A recorded idle pick also carries ``alloc_retries`` and ``device_allocs``: PyTorch's
+caching allocator's ``num_alloc_retries`` and ``num_device_alloc`` so far on this
+process's GPU (None without CUDA). A retry frees cached blocks and synchronizes the
+device, so a server with less free memory (a draft model beside the target) can stall
+where another does not; a device allocation (cudaMalloc) past startup means an eager
+forward (a prefill's) found no cached block to reuse and waited for a new one. The header names the
 server's ``FASER_CONFIG`` file, which tells apart FASER servers of one run.
 
 Nothing here synchronizes the device, so a traced server keeps its overlap. Each
@@ -156,7 +158,7 @@ def _timed(
             _idle = idle
         fields = fields_of(args, kwargs, out)
         if fields["mode"] == "idle" and fn == "get_next_batch_to_run":
-            fields["alloc_retries"] = _alloc_retries()
+            fields.update(_alloc_counts())
         if _file is not None or scheduler_call:
             record = {"fn": fn, "t": round(start, 6), "ms": round(ms, 3), **fields}
             _open(args[0]).write(json.dumps(record) + "\n")
@@ -165,10 +167,11 @@ def _timed(
     return hook
 
 
-def _alloc_retries() -> Optional[int]:
+def _alloc_counts() -> dict[str, Optional[int]]:
     if not torch.cuda.is_initialized():
-        return None
-    return torch.cuda.memory_stats().get("num_alloc_retries", 0)
+        return {"alloc_retries": None, "device_allocs": None}
+    stats = torch.cuda.memory_stats()
+    return {"alloc_retries": stats.get("num_alloc_retries", 0), "device_allocs": stats.get("num_device_alloc", 0)}
 
 
 def hooks() -> list[tuple[str, Callable]]:

@@ -174,12 +174,20 @@ def table(
 
 
 def alloc_retries(timelines: list[Timeline]) -> str:
-    """One line per server: the CUDA caching allocator's retries by its last idle pick."""
+    """One line per server: the CUDA caching allocator's retries by its last idle pick,
+    and the device allocations (cudaMalloc) between its first and last idle picks, where
+    the timeline has them (after startup, a sign that eager forwards found no cached
+    block)."""
     lines = []
     for timeline in timelines:
-        counts = [r["alloc_retries"] for r in timeline.records if r.get("alloc_retries") is not None]
-        if counts:
-            lines.append(f"- {timeline.name}: {counts[-1]} CUDA allocator retries by its last idle iteration")
+        idle = [r for r in timeline.records if r.get("alloc_retries") is not None]
+        if not idle:
+            continue
+        line = f"- {timeline.name}: {idle[-1]['alloc_retries']} CUDA allocator retries by its last idle iteration"
+        allocs = [r["device_allocs"] for r in idle if r.get("device_allocs") is not None]
+        if allocs:
+            line += f", {allocs[-1] - allocs[0]} device allocations after its first"
+        lines.append(line)
     return "\n".join(lines)
 
 

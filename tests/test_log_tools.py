@@ -179,6 +179,10 @@ def test_timeline_alloc_retries_takes_each_servers_last_count(timeline):
     idle[0]["alloc_retries"], idle[1]["alloc_retries"] = 0, 3
     servers = [timeline.Timeline("faser k7 (1)", idle), timeline.Timeline("no-spec (2)", [])]
     assert timeline.alloc_retries(servers) == "- faser k7 (1): 3 CUDA allocator retries by its last idle iteration"
+    idle[0]["device_allocs"], idle[1]["device_allocs"] = 40, 46
+    assert timeline.alloc_retries(servers[:1]) == (
+        "- faser k7 (1): 3 CUDA allocator retries by its last idle iteration, 6 device allocations after its first"
+    )
 
 
 def test_timeline_load_skips_a_line_cut_off_by_the_server_stopping(timeline, tmp_path: Path):

@@ -104,9 +104,9 @@ def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
         ("get_next_batch_to_run", "idle", 0, 0),
     ]
     assert all(r["ms"] >= 0 and r["t"] > 0 for r in lines[1:])
-    # Idle picks carry the allocator's retry count (None: CUDA never started here).
+    # Idle picks carry the allocator's counts (None: CUDA never started here).
     assert [("alloc_retries" in r) for r in lines[1:]] == [False, False, False, True, False, False, True]
-    assert lines[4]["alloc_retries"] is None
+    assert lines[4]["alloc_retries"] is None and lines[4]["device_allocs"] is None
 
 
 def test_no_hooks_without_the_environment_variable(monkeypatch):
