@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,7 +77,14 @@ VARIANTS = {
     # is stock SGLang's.
     "flashinfer-bf16-graphs-host-plan": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
     "flashinfer-bf16-graphs-host-plan-async": ("--attention-backend", "flashinfer", "--dtype", "bfloat16"),
+    # Prefill CUDA graphs as a stock launch has them on CUDA (SGLang 0.5.17's default
+    # prefill backend, breakable), for both servers: FASER's target captures them as a
+    # plain decoder's and replays them for its prefills.
+    "flashinfer-bf16-graphs-prefill-graphs": (
+        "--attention-backend", "flashinfer", "--dtype", "bfloat16", "--cuda-graph-backend-prefill", "breakable",
+    ),
 }  # fmt: skip
+PREFILL_GRAPH_LOG = re.compile(r"Prefill batch, .*cuda graph: True")  # SGLang's line for a prefill that replayed one
 VARIANT_ENV = {
     "flashinfer-bf16-graphs-host-plan": {host_plan.ENV: host_plan.CHECK},
     "flashinfer-bf16-graphs-host-plan-async": {host_plan.ENV: "1"},
@@ -235,6 +243,8 @@ def test_greedy_equals_no_spec(variant, gpu_models, logit_ulp, tmp_path):
         assert any(s.get("draft_steps") == "ahead" for s in steps)
     if host_plan.ENV in VARIANT_ENV.get(variant, {}):  # the plans did come from host lengths
         assert host_plan.FIRST_PLAN_LOG in fserver.log_path.read_text(errors="replace")
+    if "--cuda-graph-backend-prefill" in VARIANTS[variant]:  # FASER's prefills did replay a graph
+        assert PREFILL_GRAPH_LOG.search(fserver.log_path.read_text(errors="replace"))
 
 
 _REFERENCES: dict[str, list[dict]] = {}
