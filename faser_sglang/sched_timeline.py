@@ -33,7 +33,8 @@ process's GPU (None without CUDA). A retry frees cached blocks and synchronizes 
 device, so a server with less free memory (a draft model beside the target) can stall
 where another does not; a device allocation (cudaMalloc) past startup means an eager
 forward (a prefill's) found no cached block to reuse and waited for a new one. The header names the
-server's ``FASER_CONFIG`` file, which tells apart FASER servers of one run.
+server's ``FASER_CONFIG`` file, whether it plans prefills from host lengths and its
+prefill CUDA graph backend, which tell apart the servers of one run.
 
 Nothing here synchronizes the device, so a traced server keeps its overlap. Each
 call costs the host one JSON line, written line-buffered: ~16 us on a 2-core CPU.
@@ -132,6 +133,7 @@ def _open(scheduler: Any) -> TextIO:
             "overlap": not args.disable_overlap_schedule,
             "faser_config": os.environ.get(CONFIG_ENV),
             "host_prefill_plan": host_plan.enabled(),
+            "prefill_graphs": _prefill_graph_backend(args),
         }
         _file.write(json.dumps(header) + "\n")
     return _file
@@ -165,6 +167,13 @@ def _timed(
         return out
 
     return hook
+
+
+def _prefill_graph_backend(server_args: Any) -> Optional[str]:
+    """The prefill CUDA graph backend SGLang resolved ("disabled", "breakable", ...)."""
+    config = getattr(server_args, "cuda_graph_config", None)
+    backend = getattr(getattr(config, "prefill", None), "backend", None)
+    return None if backend is None else str(backend)
 
 
 def _alloc_counts() -> dict[str, Optional[int]]:

@@ -69,11 +69,14 @@ def split(pick: dict, calls: list[dict], end_t: float) -> dict[str, float]:
 
 
 def server_name(header: dict) -> str:
-    """"faser k7 (1234)", with its FASER_CONFIG file's stem and whether it planned
-    prefills from host lengths where it did: "faser k7 (1234, faser-ad, host plan)"."""
+    """"faser k7 (1234)", with its FASER_CONFIG file's stem, whether it planned prefills
+    from host lengths and its prefill graphs where it has them:
+    "faser k7 (1234, faser-ad, host plan, breakable prefill graphs)"."""
     label = server_label(header.get("speculative_algorithm"), header.get("speculative_num_steps"))
     config = header.get("faser_config")
+    graphs = header.get("prefill_graphs")
     extras = ([Path(config).stem] if config else []) + (["host plan"] if header.get("host_prefill_plan") else [])
+    extras += [f"{graphs} prefill graphs"] if graphs not in (None, "disabled") else []
     return f"{label} ({', '.join([str(header['pid']), *extras])})"
 
 

@@ -172,6 +172,9 @@ def test_timeline_server_names(timeline):
         "faser k7 (7, faser-ad@draft_prefill=eager, host plan)"
     )
     assert timeline.server_name({"pid": 8, "host_prefill_plan": True}) == "no-spec (8, host plan)"
+    graphed = {"pid": 9, "host_prefill_plan": False, "prefill_graphs": "breakable"}
+    assert timeline.server_name(graphed) == "no-spec (9, breakable prefill graphs)"
+    assert timeline.server_name({**graphed, "prefill_graphs": "disabled"}) == "no-spec (9)"
 
 
 def test_timeline_alloc_retries_takes_each_servers_last_count(timeline):

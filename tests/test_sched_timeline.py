@@ -62,7 +62,8 @@ def timeline_dir(tmp_path, monkeypatch):
 def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
     scheduler = SimpleNamespace(
         server_args=SimpleNamespace(
-            model_path="m", speculative_algorithm="FASER", speculative_num_steps=7, disable_overlap_schedule=False
+            model_path="m", speculative_algorithm="FASER", speculative_num_steps=7, disable_overlap_schedule=False,
+            cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(backend="breakable")),
         )
     )
     hooks = dict(sched_timeline.hooks())
@@ -93,6 +94,7 @@ def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
         "overlap": True,
         "faser_config": None,
         "host_prefill_plan": False,
+        "prefill_graphs": "breakable",
     }
     assert calls_of(lines[1:]) == [
         ("get_next_batch_to_run", "prefill", 2, 40),
