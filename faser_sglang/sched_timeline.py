@@ -32,9 +32,9 @@ caching allocator's ``num_alloc_retries`` and ``num_device_alloc`` so far on thi
 process's GPU (None without CUDA). A retry frees cached blocks and synchronizes the
 device, so a server with less free memory (a draft model beside the target) can stall
 where another does not; a device allocation (cudaMalloc) past startup means an eager
-forward (a prefill's) found no cached block to reuse and waited for a new one. The header names the
-server's ``FASER_CONFIG`` file, whether it plans prefills from host lengths and its
-prefill CUDA graph backend, which tell apart the servers of one run.
+forward (a prefill's) found no cached block to reuse and waited for a new one. The
+header names the server's ``FASER_CONFIG`` file, whether it plans prefills from host
+lengths and its prefill CUDA graph backend, which tell apart the servers of one run.
 
 Nothing here synchronizes the device, so a traced server keeps its overlap. Each
 call costs the host one JSON line, written line-buffered: ~16 us on a 2-core CPU.
