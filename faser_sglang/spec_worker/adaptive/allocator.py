@@ -276,19 +276,20 @@ def _walk_kernel(
     # items go. Ceilings are non-increasing along j: requests keep prefixes. Chain rows
     # and a lagging request's chain step only add to an item's marginal cost.
     prune = bs / verify[0] <= best_rate
-    order = np.empty(m_all, np.int64)
+    # [n] the offered items' requests and depths (held apart: the walks read them K times)
+    rows, depths = np.empty(m_all, np.int64), np.empty(m_all, np.int64)
     n = 0
     for item in ranked:
         i, j = item % bs, item // bs
         if gains[i, j] > 0 and (not prune or ceiling[i, j] > best_rate):
-            order[n] = item
+            rows[n], depths[n] = i, j
             n += 1
     top_rate, top_cap, top_last, top_tokens, top_seconds = -np.inf, 0, 0, 0.0, 0.0
     for cap in range(1, k_max + 1):
         tokens, own_sum, count, deepest, rows_sum, lag = float(bs), 0.0, 0, 0, 0.0, 0.0
-        steady_sum, total_sum, rate_max = 0.0, 0.0, 0.0
+        steady_sum, total_sum, rate_max, charged = 0.0, 0.0, 0.0, 1.0
         for m in range(n):
-            i, j = order[m] % bs, order[m] // bs
+            i, j = rows[m], depths[m]
             if j >= cap:
                 continue
             count += 1
@@ -308,7 +309,7 @@ def _walk_kernel(
                     steady_sum += steady[i]
                     total_sum += total[i]
                     rate_max = max(rate_max, backlog_rate[i])  # the shortest horizon so far
-                charged = _charged_forwards(steady_sum, total_sum, rate_max, piece_tokens)
+                    charged = _charged_forwards(steady_sum, total_sum, rate_max, piece_tokens)
                 seconds = seconds + catchup_forward * (charged - 1)
             rate = tokens / seconds
             if rate > top_rate:
@@ -316,8 +317,8 @@ def _walk_kernel(
     if top_rate <= best_rate:
         return False, 0.0, 0.0
     for m in range(top_last + 1):
-        if order[m] // bs < top_cap:
-            lens[order[m] % bs] += 1
+        if depths[m] < top_cap:
+            lens[rows[m]] += 1
     return True, top_tokens, top_seconds
 
 
