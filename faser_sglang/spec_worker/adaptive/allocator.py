@@ -277,19 +277,19 @@ def _walk_kernel(
     # and a lagging request's chain step only add to an item's marginal cost.
     prune = bs / verify[0] <= best_rate
     # [n] the offered items' requests and depths (held apart: the walks read them K times)
-    rows, depths = np.empty(m_all, np.int64), np.empty(m_all, np.int64)
+    item_req, item_depth = np.empty(m_all, np.int64), np.empty(m_all, np.int64)
     n = 0
     for item in ranked:
         i, j = item % bs, item // bs
         if gains[i, j] > 0 and (not prune or ceiling[i, j] > best_rate):
-            rows[n], depths[n] = i, j
+            item_req[n], item_depth[n] = i, j
             n += 1
     top_rate, top_cap, top_last, top_tokens, top_seconds = -np.inf, 0, 0, 0.0, 0.0
     for cap in range(1, k_max + 1):
         tokens, own_sum, count, deepest, rows_sum, lag = float(bs), 0.0, 0, 0, 0.0, 0.0
         steady_sum, total_sum, rate_max, charged = 0.0, 0.0, 0.0, 1.0
         for m in range(n):
-            i, j = rows[m], depths[m]
+            i, j = item_req[m], item_depth[m]
             if j >= cap:
                 continue
             count += 1
@@ -317,8 +317,8 @@ def _walk_kernel(
     if top_rate <= best_rate:
         return False, 0.0, 0.0
     for m in range(top_last + 1):
-        if depths[m] < top_cap:
-            lens[rows[m]] += 1
+        if item_depth[m] < top_cap:
+            lens[item_req[m]] += 1
     return True, top_tokens, top_seconds
 
 
