@@ -294,12 +294,13 @@ $(ab_diagnosed $MODELS)
       --duration 480 --rate 8 --peak-to-valley 10 --abort-fraction 0.1 --k-max 5 --server-args $TINY_FLAGS \
       2>&1 | grep -v '^\[20' | tail -20 ;;
   ab)  # the A/B stage again with other settings (after call 3, machine still warm): stops
-       # a running "big" and its servers, keeps the pair and cost file, then waits like call 4
+       # a running "big" and its servers, keeps the pair and cost file, then waits like call 4.
+       # AB_MODELS=/tmp/faser-deep runs it on the shape twins of an earlier twins-ab call
     pkill -f 'set -eo pipefail'; pkill -f faser_sglang.bench.ab; pkill -f sglang.launch_server
     nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9; sleep 3
     rm -f $RES/ab.done $RES/big.done
     log "background: A/B again (${CONTENDERS:-all contenders})"
-    background big "$(ab_cmd $MODELS); touch $RES/ab.done $RES/big.done"
+    background big "$(ab_diagnosed ${AB_MODELS:-$MODELS}); touch $RES/ab.done $RES/big.done"
     wait_for big.done; grep '^\[ab\]' "$RES/big.log" | tail -20 ;;
   twins-ab)  # the bursty A/B (CONTENDERS, with SCHED_TIMELINE and SPY as in call 3) on full-depth
              # shape twins of the preset: the pair's forward costs without the GGUF or a pair
