@@ -22,6 +22,7 @@
 #   4     -                                                  wait for "big" (at most WAIT s), collect;
 #                                                            repeat while it runs
 #   ab    (after call 3)                                     the A/B stage again with other settings
+#         (AB_MODELS=/tmp/faser-deep: after twins-ab)      (SCHED_TIMELINE, SPY) on the pair, or on the twins
 #
 #   soak  (after call 1)                                     the soak alone (one-GPU machines)
 #   stage (any call carrying a GGUF part)                    install, receive the part
