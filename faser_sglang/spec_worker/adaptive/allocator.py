@@ -53,10 +53,10 @@ over its least marginal cost (own cost and one verify token; for a request's fir
 item, over its best bundle) is at most the best rate found so far would lower the
 rate of any point it joined, so the walks leave such items out (the premises are at
 ``_walk_kernel``): at high load most.
-All of it is a sort of bs * K_max items and K_max passes over them, compiled with
-numba (``@njit``; as NumPy array operations the same passes cost ~180 NumPy calls a
-step, 0.2-0.5 ms at 1-64 requests on an H200 machine's host against 0.05-0.11 ms
-compiled: results/gpu/2026-12-04-policy-kernels.md). Before any of it, a bound returns the plain decode when no draft can pay,
+All of it is a sort of the offered items (at most bs * K_max) and at most K_max passes
+over them, compiled with numba (``@njit``; as NumPy array operations the same passes
+cost ~180 NumPy calls a step, 0.2-0.5 ms at 1-64 requests on an H200 machine's host
+against 0.05-0.11 ms compiled: results/gpu/2026-12-04-policy-kernels.md). Before any of it, a bound returns the plain decode when no draft can pay,
 which at high load is most steps: for every depth c and every n, the n largest gains
 among positions < c at the price of the fastest step with n drafts at most c deep (a
 verify of bs + n tokens, c draft forwards, and the least catch-ups of the fewest
@@ -80,6 +80,7 @@ cost; request A with alpha = 0.9 (g = [0.9, 0.81]), B with alpha = 0.3
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 import numpy as np
@@ -207,19 +208,21 @@ class _Walk:
     # first item's over its request's best bundle, non-increasing along j.
     ceiling: np.ndarray
 
+    @cached_property
+    def piece_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """The kernel's view of ``pieces``: [bs] steady, total and backlog_rate, and
+        piece_tokens (0 without pieces, when the arrays go unread)."""
+        if self.pieces is None:
+            unused = np.zeros(len(self.gains))
+            return unused, unused, unused, 0
+        p = self.pieces
+        steady, total, backlog_rate = (np.asarray(a, np.float64) for a in (p.steady, p.total, p.backlog_rate))
+        return steady, total, backlog_rate, p.piece_tokens
+
     def best(self, priced: np.ndarray, best: Allocation) -> Allocation:
         """The best of ``best`` and every walk's points, items ranked by ``priced`` ([bs, K])."""
-        bs = len(self.gains)
-        pieces = self.pieces
-        if pieces is None:  # unused by the kernel: any [bs] arrays will do
-            steady = total = backlog_rate = np.zeros(bs)
-            piece_tokens = 0
-        else:
-            steady, total, backlog_rate = (
-                np.asarray(a, np.float64) for a in (pieces.steady, pieces.total, pieces.backlog_rate)
-            )
-            piece_tokens = pieces.piece_tokens
-        lens = np.zeros(bs, np.int64)
+        steady, total, backlog_rate, piece_tokens = self.piece_arrays
+        lens = np.zeros(len(self.gains), np.int64)
         found, tokens, seconds = _walk_kernel(
             self.gains, self.own, self.chain_rows, self.lags, self.lag_forward, self.verify, self.forward,
             _ranking_key(self.gains, priced),
@@ -255,14 +258,6 @@ def _walk_kernel(
     evaluates R after each; the first point of the highest rate (shallowest walk, then
     fewest items) wins if it beats ``best_rate``. Returns (found, tokens, seconds)."""
     bs, k_max = gains.shape
-    m_all = bs * k_max
-    # Items in level-major order (id = j * bs + i), so a stable sort breaks ties
-    # toward shallower items, which share forwards already paid for.
-    neg_key = np.empty(m_all)
-    for j in range(k_max):
-        for i in range(bs):
-            neg_key[j * bs + i] = -key[i, j]
-    ranked = np.argsort(neg_key, kind="mergesort")
     # An item that gains nothing (a draft the worker cuts near max_new_tokens, or an
     # acceptance of 0) never raises a rate; left in, it could be chosen where the
     # profile prices a drafting step below the plain decode, and then cut.
@@ -276,16 +271,26 @@ def _walk_kernel(
     # items go. Ceilings are non-increasing along j: requests keep prefixes. Chain rows
     # and a lagging request's chain step only add to an item's marginal cost.
     prune = bs / verify[0] <= best_rate
-    # [n] the offered items' requests and depths (held apart: the walks read them K times)
-    item_req, item_depth = np.empty(m_all, np.int64), np.empty(m_all, np.int64)
-    n = 0
-    for item in ranked:
-        i, j = item % bs, item // bs
-        if gains[i, j] > 0 and (not prune or ceiling[i, j] > best_rate):
-            item_req[n], item_depth[n] = i, j
-            n += 1
+    # The offered items in level-major order (id = j * bs + i), so the stable sort below
+    # breaks ties toward shallower items, which share forwards already paid for. Only
+    # they are sorted: at high load most items are left out.
+    offered = np.empty(bs * k_max, np.int64)
+    neg_key = np.empty(bs * k_max)
+    n, depths = 0, 0  # offered items; the deepest one's depth + 1
+    for j in range(k_max):
+        for i in range(bs):
+            if gains[i, j] > 0 and (not prune or ceiling[i, j] > best_rate):
+                offered[n], neg_key[n] = j * bs + i, -key[i, j]
+                n += 1
+                depths = j + 1
+    ranked = offered[np.argsort(neg_key[:n], kind="mergesort")]
+    # [n] the offered items' requests and depths in ranking order (held apart: the walks
+    # read them K times)
+    item_req, item_depth = ranked % bs, ranked // bs
     top_rate, top_cap, top_last, top_tokens, top_seconds = -np.inf, 0, 0, 0.0, 0.0
-    for cap in range(1, k_max + 1):
+    # A walk capped deeper than every offered item repeats the walk capped at its depth,
+    # whose points win ties (shallowest walk first).
+    for cap in range(1, depths + 1):
         tokens, own_sum, count, deepest, rows_sum, lag = float(bs), 0.0, 0, 0, 0.0, 0.0
         steady_sum, total_sum, rate_max, charged = 0.0, 0.0, 0.0, 1.0
         for m in range(n):

@@ -185,7 +185,7 @@ class CostModel:
         """Seconds of a step in which none of the ``len(seq_lens)`` requests drafts."""
         if self.plain is None:
             return self.verify_time([0] * len(seq_lens), seq_lens)
-        return self.plain.time(len(seq_lens), float(sum(seq_lens)))
+        return self.plain.time(len(seq_lens), float(np.sum(seq_lens)))
 
     def draft_time(
         self,
