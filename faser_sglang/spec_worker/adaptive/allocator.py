@@ -56,8 +56,9 @@ rate of any point it joined, so the walks leave such items out (the premises are
 All of it is a sort of the offered items (at most bs * K_max) and at most K_max passes
 over them, compiled with numba (``@njit``; as NumPy array operations the same passes
 cost ~180 NumPy calls a step, 0.2-0.5 ms at 1-64 requests on an H200 machine's host
-against 0.05-0.11 ms compiled: results/gpu/2026-12-04-policy-kernels.md). Before any of it, a bound returns the plain decode when no draft can pay,
-which at high load is most steps: for every depth c and every n, the n largest gains
+against 0.05-0.11 ms compiled: results/gpu/2026-12-04-policy-kernels.md). Before any of
+it, a bound returns the plain decode when no draft can pay, which at high load is most
+steps: for every depth c and every n, the n largest gains
 among positions < c at the price of the fastest step with n drafts at most c deep (a
 verify of bs + n tokens, c draft forwards, and the least catch-ups of the fewest
 requests those drafts can come from, with the forwards they fill when catch-ups run in
@@ -80,7 +81,6 @@ cost; request A with alpha = 0.9 (g = [0.9, 0.81]), B with alpha = 0.3
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Optional
 
 import numpy as np
@@ -175,8 +175,8 @@ def allocate(
     # instead of dividing by zero (a fit may price some features at exactly 0).
     priced = np.maximum(own + (verify[1] - verify[0]), MIN_ITEM_SECONDS)
     walk = _Walk(
-        gains, own, chain_rows, lags, lag_forward, verify, forward, d.extend_forward, pieces, max_drafts,
-        _ceilings(gains, priced),
+        gains, own, chain_rows, lags, lag_forward, verify, forward, d.extend_forward,
+        _kernel_pieces(pieces, bs), max_drafts, _ceilings(gains, priced),
     )  # fmt: skip
     best = walk.best(priced, no_draft)
     if pieces is not None:
@@ -202,26 +202,17 @@ class _Walk:
     verify: np.ndarray  # [M+1] verify seconds with 0..M extra tokens
     forward: np.ndarray  # [K+1] draft forwards' seconds when the deepest draft is 0..K
     catchup_forward: float  # seconds per catch-up forward
-    pieces: Optional[CatchupPieces]
+    # [bs] steady, total and backlog_rate of the step's CatchupPieces, and piece_tokens
+    # (0 without pieces, when the arrays go unread)
+    pieces: tuple[np.ndarray, np.ndarray, np.ndarray, int]
     max_drafts: Optional[int]
     # [bs, K] each item's gain over its least marginal cost (own + one verify token), the
     # first item's over its request's best bundle, non-increasing along j.
     ceiling: np.ndarray
 
-    @cached_property
-    def piece_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """The kernel's view of ``pieces``: [bs] steady, total and backlog_rate, and
-        piece_tokens (0 without pieces, when the arrays go unread)."""
-        if self.pieces is None:
-            unused = np.zeros(len(self.gains))
-            return unused, unused, unused, 0
-        p = self.pieces
-        steady, total, backlog_rate = (np.asarray(a, np.float64) for a in (p.steady, p.total, p.backlog_rate))
-        return steady, total, backlog_rate, p.piece_tokens
-
     def best(self, priced: np.ndarray, best: Allocation) -> Allocation:
         """The best of ``best`` and every walk's points, items ranked by ``priced`` ([bs, K])."""
-        steady, total, backlog_rate, piece_tokens = self.piece_arrays
+        steady, total, backlog_rate, piece_tokens = self.pieces
         lens = np.zeros(len(self.gains), np.int64)
         found, tokens, seconds = _walk_kernel(
             self.gains, self.own, self.chain_rows, self.lags, self.lag_forward, self.verify, self.forward,
@@ -232,6 +223,15 @@ class _Walk:
         if not found:
             return best
         return Allocation(tuple(lens.tolist()), tokens, seconds)
+
+
+def _kernel_pieces(pieces: Optional[CatchupPieces], bs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """_Walk.pieces: the walk kernel's view of a step's catch-up pieces."""
+    if pieces is None:
+        unused = np.zeros(bs)
+        return unused, unused, unused, 0
+    steady, total, rate = (np.asarray(a, np.float64) for a in (pieces.steady, pieces.total, pieces.backlog_rate))
+    return steady, total, rate, pieces.piece_tokens
 
 
 @njit(cache=True)
