@@ -699,6 +699,65 @@ def test_bound_never_hides_a_better_point(monkeypatch):
     assert len(verdicts) == len(cases) and 0.2 < 1 - np.mean(verdicts) < 0.9
 
 
+def test_profit_bound_alone_never_hides_a_better_point(monkeypatch):
+    """The bound that prices each request's drafts with its own costs (_profit_kernel),
+    with the gains-apart one switched off, returns the plain decode only where the walks
+    find nothing better: random cost models (hinged verify prices, plain terms, per-row
+    and per-context draft costs), batches up to 256 with catch-ups in pieces, past
+    MAX_CATCHUP_PIECES pieces too, chains, caps."""
+    rng = np.random.default_rng(17)
+    cases = []
+    for _ in range(1200):
+        model = CostModel(
+            DraftCost(*rng.uniform([1e-3, 1e-3, 0, 0, 0], [4e-3, 4e-3, 3e-5, 3e-5, 1e-8])),
+            VerifyCost(*rng.uniform([5e-3, 0, 0, 0], [3e-2, 5e-5, 5e-5, 5e-8]),
+                       tuple(np.sort(rng.uniform(8, 512, 2))), tuple(rng.uniform(0, 1e-4, 2))),
+            "synthetic",
+            plain=PlainCost(*rng.uniform([2e-3, 0, 0], [3e-2, 5e-5, 5e-8])) if rng.random() < 0.7 else None,
+        )  # fmt: skip
+        bs, k_max = int(rng.choice([1, 4, 16, 64, 256])), int(rng.integers(1, 9))
+        gains = np.cumprod(rng.uniform(0.0, 1.0, (bs, k_max)) ** rng.uniform(0.05, 1.0), axis=1)
+        cases.append(_random_case(rng, model, gains, catchup_high=int(rng.choice([3, 64])), horizon_high=32,
+                                  piece_tokens=(8, 128), pieces_p=0.7))  # fmt: skip
+    monkeypatch.setattr(allocator, "_bound_kernel", lambda *a: True)
+    verdicts = []
+    real_profit = allocator._profit_kernel
+    monkeypatch.setattr(allocator, "_profit_kernel", lambda *a: verdicts.append(real_profit(*a)) or verdicts[-1])
+    bounded = [allocate(*args, **kw) for args, kw in cases]
+    monkeypatch.setattr(allocator, "_profit_kernel", lambda *a: True)
+    walked = [allocate(*args, **kw) for args, kw in cases]
+    assert all(b.tokens_per_second == pytest.approx(w.tokens_per_second) for b, w in zip(bounded, walked))
+    assert len(verdicts) == len(cases) and 0.2 < 1 - np.mean(verdicts) < 0.9
+
+
+def test_profit_bound_rules_out_a_batch_the_gains_apart_bound_passes(monkeypatch):
+    """test_allocator_overhead's batch: 256 requests on the 7.18B pair's profile, each
+    after a step that accepted 0-8 of 8 drafts, with the usual 1-2 catch-up tokens in
+    pieces of 128. The n largest gains taken apart from their requests' catch-ups pass
+    the gains-apart bound (their catch-ups priced as the fewest requests' few pieces),
+    but every request's drafts priced with its own share of the piece forwards do not
+    pay, so neither walk runs; with both bounds off the walks choose no draft either."""
+    rng = np.random.default_rng(0)
+    bs = 256
+    rids = [f"r{i}" for i in range(bs)]
+    policy = AdaptiveDrafterPolicy(FaserConfig(policy="adaptive"), H200_7B)
+    policy.observe(rids, [8] * bs, rng.integers(0, 9, bs).tolist())
+    gains = policy.acceptance.gains(rids, 8)
+    catchup = rng.integers(1, 3, bs).astype(float)
+    pieces = CatchupPieces(catchup, 128, np.full(bs, 16.0))
+    seq_lens = rng.integers(100, 4000, bs)
+    seen = []  # the bounds' arguments
+    real_profit = allocator._profit_kernel
+    monkeypatch.setattr(allocator, "_profit_kernel", lambda *a: seen.append(a) or real_profit(*a))
+    walked = []
+    real_best = allocator._Walk.best
+    monkeypatch.setattr(allocator._Walk, "best", lambda self, *a: walked.append(1) or real_best(self, *a))
+    assert allocate(gains, seq_lens, catchup, H200_7B, pieces=pieces).draft_lens == (0,) * bs and not walked
+    assert allocator._bound_kernel(*seen[0]) and not real_profit(*seen[0])
+    monkeypatch.setattr(allocator, "_any_draft_can_pay", lambda *a: True)
+    assert allocate(gains, seq_lens, catchup, H200_7B, pieces=pieces).draft_lens == (0,) * bs and walked
+
+
 @pytest.mark.parametrize("which", ["analytical Llama-3.1-8B / 3.2-1B", "profiled 7.18B pair"])
 def test_allocator_overhead(which):
     rng = np.random.default_rng(0)

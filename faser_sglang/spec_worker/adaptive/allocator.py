@@ -62,7 +62,9 @@ steps: for every depth c and every n, the n largest gains
 among positions < c at the price of the fastest step with n drafts at most c deep (a
 verify of bs + n tokens, c draft forwards, and the least catch-ups of the fewest
 requests those drafts can come from, with the forwards they fill when catch-ups run in
-pieces).
+pieces), and, checked first, each request's drafts priced with its own costs: the
+profit of any n drafts at rate R (their gains less R times their costs) under the
+requests' concave envelopes (``_profit_kernel``).
 
 Worked example, two requests, K_max = 2, costs in ms: verify 10 + 2 per token
 beyond 2 tokens (compute-bound past bs), one draft forward 1, no per-row draft
@@ -366,12 +368,18 @@ def _any_draft_can_pay(
     high load (a verify token dearer than its gain is worth, catch-ups grown over plain
     steps), where it saves the walks; bounding each depth apart keeps the deep drafts of
     a few well-accepted requests from passing it at the price of one forward and one
-    catch-up."""
+    catch-up.
+
+    Taking gains and costs apart is loose where costs differ between requests: with
+    catch-ups in pieces, the n largest gains come from many more than r requests, whose
+    catch-ups fill more forwards. Where it passes, a second bound (``_profit_kernel``)
+    prices each request's drafts together with its own costs."""
     steady = np.zeros(len(gains)) if pieces is None else np.asarray(pieces.steady, np.float64)
-    return _bound_kernel(
+    args = (
         gains, own, chain_rows, verify, forward, NO_CAP if max_drafts is None else max_drafts,
         steady, 0 if pieces is None else pieces.piece_tokens, catchup_forward, plain_rate,
     )  # fmt: skip
+    return _profit_kernel(*args) and _bound_kernel(*args)
 
 
 @njit(cache=True)
@@ -415,6 +423,108 @@ def _bound_kernel(
             if piece_tokens > 0:
                 seconds += catchup_forward * (_catchup_forwards(least_steady[requests], piece_tokens) - 1.0)
             if (bs + top) / seconds > plain_rate:
+                return True
+    return False
+
+
+# Relative slack by which _profit_kernel lets a point pass: its sums and the walks' run
+# in different orders, so a point the walks price a hair above the plain rate must not
+# be ruled out by rounding.
+PROFIT_SLACK = 1e-9
+
+
+@njit(cache=True)
+def _profit_kernel(
+    gains: np.ndarray,  # [bs, K]
+    own: np.ndarray,  # [bs, K]
+    chain_rows: np.ndarray,  # [bs]
+    verify: np.ndarray,  # [M+1]
+    forward: np.ndarray,  # [K+1]
+    max_drafts: int,  # NO_CAP: none
+    steady: np.ndarray,  # [bs] each request's usual catch-up tokens (pieces only)
+    piece_tokens: int,  # 0: a catch-up is one forward
+    catchup_forward: float,
+    plain_rate: float,
+) -> bool:
+    """False when no allocation can beat ``plain_rate`` (R), each request's drafts priced
+    with its own costs. A point of n drafts, the deepest at depth c, from the requests D,
+    beats R iff its profit, sum over its drafts of (g - R own) less R e_i for each i in
+    D, exceeds R (V(n) + F(c) + const) - bs, where the walks' step time is at least
+    V(n) (verify) + F(c) (forwards) + the drafts' own costs + e_i per drafting request
+    + const: e_i = (c - 1) chain_rows[i] (its rows of the chain); a lagging request's
+    chain step only adds. With catch-ups in pieces, CatchupPieces charges at least
+    F(s) >= min(s / piece_tokens, MAX_CATCHUP_PIECES) forwards for the drafting requests'
+    usual catch-up tokens s, so the piece forwards beyond the first cost at least the
+    smaller of (a) sum over D of catchup_forward * s_i / piece_tokens, less one forward
+    (const = -catchup_forward), and (b) MAX_CATCHUP_PIECES - 1 forwards (const; e_i
+    without the catch-up share); (b) is checked only where all requests' usual
+    catch-ups together could pass MAX_CATCHUP_PIECES pieces.
+    A request's profit over its first k drafts, P_i(k), lies under its upper concave
+    envelope, whose unit slopes, taken largest first across requests, bound the profit of
+    any n drafts, prefixes or not: S(n). For any lambda, S(n) <= H(lambda) + lambda n
+    with H(lambda) the sum of (slope - lambda) over slopes above it, so a point beats R
+    only if H(lambda) + max over n' <= n of (lambda n' - R V(n')) > R (F(c) + const) - bs.
+    lambda runs over R times the verify's token prices (one per piece of the piecewise
+    linear fit: for a linear verify the bound is then exact for the envelopes), which
+    needs no sort. Checked for every depth c: K_max envelopes of up to K_max + 1 points a
+    request, each a monotone stack."""
+    bs, k_max = gains.shape
+    most = bs * k_max if max_drafts == NO_CAP else min(bs * k_max, max_drafts)
+    # The verify's distinct token prices, times R: the lambdas.
+    lambdas = np.empty(max(most, 1))
+    count = 0
+    for n in range(1, most + 1):
+        price = verify[n] - verify[n - 1]
+        if count == 0 or abs(price * plain_rate - lambdas[count - 1]) > 1e-9 * abs(lambdas[count - 1]):
+            lambdas[count] = price * plain_rate
+            count += 1
+    # [q, most+1] max over 1 <= n' <= n of lambda n' - R V(n')
+    reach = np.full((count, most + 1), -np.inf)
+    for q in range(count):
+        for n in range(1, most + 1):
+            reach[q, n] = max(reach[q, n - 1], lambdas[q] * n - plain_rate * verify[n])
+    cases = 1
+    if piece_tokens > 0 and steady.sum() > MAX_CATCHUP_PIECES * piece_tokens:
+        cases = 2
+    profit = np.empty(k_max + 1)  # [k+1] P_i(k)
+    hull = np.empty(k_max + 1, np.int64)  # the envelope's points, a stack
+    above = np.empty(count)  # [q] H(lambda_q)
+    for cap in range(1, k_max + 1):
+        n_cap = min(bs * cap, most)
+        for case in range(cases):
+            const = 0.0
+            if piece_tokens > 0:
+                const = -catchup_forward if case == 0 else catchup_forward * (MAX_CATCHUP_PIECES - 1)
+            above[:] = 0.0
+            for i in range(bs):
+                extra = (cap - 1) * chain_rows[i]
+                if piece_tokens > 0 and case == 0:
+                    extra += catchup_forward * steady[i] / piece_tokens
+                profit[0] = 0.0
+                for j in range(cap):
+                    profit[j + 1] = profit[j] + gains[i, j] - plain_rate * own[i, j]
+                for j in range(1, cap + 1):
+                    profit[j] -= plain_rate * extra
+                top = 0
+                for t in range(cap + 1):
+                    while top >= 2:  # drop the last point unless it lies above the chord to t
+                        a, b = hull[top - 2], hull[top - 1]
+                        if (profit[b] - profit[a]) * (t - a) > (profit[t] - profit[a]) * (b - a):
+                            break
+                        top -= 1
+                    hull[top] = t
+                    top += 1
+                for e in range(top - 1):
+                    k0, k1 = hull[e], hull[e + 1]
+                    slope = (profit[k1] - profit[k0]) / (k1 - k0)
+                    for q in range(count):
+                        if slope > lambdas[q]:
+                            above[q] += (slope - lambdas[q]) * (k1 - k0)
+            bound = np.inf
+            for q in range(count):
+                bound = min(bound, above[q] + reach[q, n_cap])
+            need = plain_rate * (forward[cap] + const) - bs
+            if bound > need - PROFIT_SLACK * (abs(need) + bs):
                 return True
     return False
 
