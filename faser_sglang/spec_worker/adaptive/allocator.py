@@ -372,7 +372,7 @@ def _any_draft_can_pay(
 
     Taking gains and costs apart is loose where costs differ between requests: with
     catch-ups in pieces, the n largest gains come from many more than r requests, whose
-    catch-ups fill more forwards. Where it passes, a second bound (``_profit_kernel``)
+    catch-ups fill more forwards. A second bound, checked first (``_profit_kernel``),
     prices each request's drafts together with its own costs."""
     steady = np.zeros(len(gains)) if pieces is None else np.asarray(pieces.steady, np.float64)
     args = (
@@ -431,6 +431,8 @@ def _bound_kernel(
 # in different orders, so a point the walks price a hair above the plain rate must not
 # be ruled out by rounding.
 PROFIT_SLACK = 1e-9
+# Most verify token prices _profit_kernel bounds against (a fit has a few pieces).
+MAX_LAMBDAS = 8
 
 
 @njit(cache=True)
@@ -448,8 +450,8 @@ def _profit_kernel(
 ) -> bool:
     """False when no allocation can beat ``plain_rate`` (R), each request's drafts priced
     with its own costs. A point of n drafts, the deepest at depth c, from the requests D,
-    beats R iff its profit, sum over its drafts of (g - R own) less R e_i for each i in
-    D, exceeds R (V(n) + F(c) + const) - bs, where the walks' step time is at least
+    beats R only if its profit, sum over its drafts of (g - R own) less R e_i for each i
+    in D, exceeds R (V(n) + F(c) + const) - bs, since the walks' step time is at least
     V(n) (verify) + F(c) (forwards) + the drafts' own costs + e_i per drafting request
     + const: e_i = (c - 1) chain_rows[i] (its rows of the chain); a lagging request's
     chain step only adds. With catch-ups in pieces, CatchupPieces charges at least
@@ -465,18 +467,20 @@ def _profit_kernel(
     with H(lambda) the sum of (slope - lambda) over slopes above it, so a point beats R
     only if H(lambda) + max over n' <= n of (lambda n' - R V(n')) > R (F(c) + const) - bs.
     lambda runs over R times the verify's token prices (one per piece of the piecewise
-    linear fit: for a linear verify the bound is then exact for the envelopes), which
-    needs no sort. Checked for every depth c: K_max envelopes of up to K_max + 1 points a
-    request, each a monotone stack."""
+    linear fit, at most MAX_LAMBDAS: for a linear verify the bound is then exact for the
+    envelopes; any lambdas give a bound), which needs no sort. Checked for every depth
+    c: K_max envelopes of up to K_max + 1 points a request, each a monotone stack."""
     bs, k_max = gains.shape
     most = bs * k_max if max_drafts == NO_CAP else min(bs * k_max, max_drafts)
     # The verify's distinct token prices, times R: the lambdas.
-    lambdas = np.empty(max(most, 1))
+    lambdas = np.empty(MAX_LAMBDAS)
     count = 0
     for n in range(1, most + 1):
-        price = verify[n] - verify[n - 1]
-        if count == 0 or abs(price * plain_rate - lambdas[count - 1]) > 1e-9 * abs(lambdas[count - 1]):
-            lambdas[count] = price * plain_rate
+        value = (verify[n] - verify[n - 1]) * plain_rate
+        if count == 0 or abs(value - lambdas[count - 1]) > 1e-9 * max(abs(value), abs(lambdas[count - 1])):
+            if count == MAX_LAMBDAS:
+                break
+            lambdas[count] = value
             count += 1
     # [q, most+1] max over 1 <= n' <= n of lambda n' - R V(n')
     reach = np.full((count, most + 1), -np.inf)
