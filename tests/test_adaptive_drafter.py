@@ -689,14 +689,22 @@ def test_bound_never_hides_a_better_point(monkeypatch):
         gains = np.cumprod(rng.uniform(0.0, 1.0, (bs, k_max)) ** rng.uniform(0.1, 1.0), axis=1)
         cases.append(_random_case(rng, model, gains, catchup_high=64, horizon_high=32,
                                   piece_tokens=(8, 128), pieces_p=0.5))
+    assert 0.2 < _bound_fires_where_walks_agree(monkeypatch, cases, "_any_draft_can_pay") < 0.9
+
+
+def _bound_fires_where_walks_agree(monkeypatch, cases: list[tuple[tuple, dict]], bound: str) -> float:
+    """Allocates ``cases`` with ``allocator.<bound>`` as it is and again with it always
+    passing; asserts the same points (it returns the plain decode only where the walks
+    find nothing better) and returns the share of cases in which it fired."""
     verdicts = []
-    real_bound = allocator._any_draft_can_pay
-    monkeypatch.setattr(allocator, "_any_draft_can_pay", lambda *a: verdicts.append(real_bound(*a)) or verdicts[-1])
+    real = getattr(allocator, bound)
+    monkeypatch.setattr(allocator, bound, lambda *a: verdicts.append(real(*a)) or verdicts[-1])
     bounded = [allocate(*args, **kw) for args, kw in cases]
-    monkeypatch.setattr(allocator, "_any_draft_can_pay", lambda *a: True)
+    monkeypatch.setattr(allocator, bound, lambda *a: True)
     walked = [allocate(*args, **kw) for args, kw in cases]
     assert all(b.tokens_per_second == pytest.approx(w.tokens_per_second) for b, w in zip(bounded, walked))
-    assert len(verdicts) == len(cases) and 0.2 < 1 - np.mean(verdicts) < 0.9
+    assert len(verdicts) == len(cases)
+    return 1 - float(np.mean(verdicts))
 
 
 def test_profit_bound_alone_never_hides_a_better_point(monkeypatch):
@@ -720,14 +728,7 @@ def test_profit_bound_alone_never_hides_a_better_point(monkeypatch):
         cases.append(_random_case(rng, model, gains, catchup_high=int(rng.choice([3, 64])), horizon_high=32,
                                   piece_tokens=(8, 128), pieces_p=0.7))  # fmt: skip
     monkeypatch.setattr(allocator, "_bound_kernel", lambda *a: True)
-    verdicts = []
-    real_profit = allocator._profit_kernel
-    monkeypatch.setattr(allocator, "_profit_kernel", lambda *a: verdicts.append(real_profit(*a)) or verdicts[-1])
-    bounded = [allocate(*args, **kw) for args, kw in cases]
-    monkeypatch.setattr(allocator, "_profit_kernel", lambda *a: True)
-    walked = [allocate(*args, **kw) for args, kw in cases]
-    assert all(b.tokens_per_second == pytest.approx(w.tokens_per_second) for b, w in zip(bounded, walked))
-    assert len(verdicts) == len(cases) and 0.2 < 1 - np.mean(verdicts) < 0.9
+    assert 0.2 < _bound_fires_where_walks_agree(monkeypatch, cases, "_profit_kernel") < 0.9
 
 
 def test_profit_bound_rules_out_a_batch_the_gains_apart_bound_passes(monkeypatch):
