@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU measurement of the project in four back-to-back device calls on a machine
-# with two GPUs (nvidia-h200-x2). Work that outlives a call runs in its own process
-# session and keeps going while the machine stays warm (30 s between calls); each
-# call leaves everything measured so far in $OUT/results.tgz.
+# with two GPUs (nvidia-h200-x2). The GGUF parts each call carries are those
+# scripts/gpu/stage_gguf.sh prints (part-00 only while the checkout leaves room beside
+# the bundle; a fourth part goes in a "stage" call between calls 2 and 3). Work that
+# outlives a call runs in its own process session and keeps going while the machine
+# stays warm (30 s between calls); each call leaves everything measured so far in
+# $OUT/results.tgz.
 #
 #   call  carry                                              what runs
 #   1     .bundle/sglang-gpu.tar.xz .bundle/gguf/part-00     install; time graph launches; background: kernel warm-up and
@@ -11,7 +14,7 @@
 #                                                            FUZZ_CASES) or the 8-minute soak (GPU1_JOB=soak)
 #   2     .bundle/gguf/part-01                               receive the second GGUF part; time the
 #                                                            allocator on this host's CPU
-#   3     .bundle/gguf/part-02                               background "big": build the cost-faithful
+#   3     .bundle/gguf/ the last part (part-02 or -03)       background "big": build the cost-faithful
 #                                                            pair (GPU 0); profile its costs once the tests
 #                                                            are done; the bursty A/B (one lane per GPU)
 #                                                            once GPU 1 is free, each contender's server

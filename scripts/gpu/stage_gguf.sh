@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The SmolLM2 GGUF (98 MB) is larger than one transfer to the GPU machine (64 MiB with
-# the repo), so it travels in three parts, one per device call: part-00 fills what the
-# SGLang bundle leaves of the first call, part-01 a whole call, part-02 the rest.
-#   here:  bash scripts/gpu/stage_gguf.sh            -> .bundle/gguf/part-00 .. part-02 + SHA256
+# the repo), so it travels in parts, one per device call: part-00 fills what the SGLang
+# bundle leaves of the first call (none when the checkout leaves less than 1 MiB there),
+# part-01 onwards what the checkout leaves of a whole call, the last one the rest. Three
+# parts while the checkout is under ~20 MB, four beyond; the script prints which call of
+# scripts/gpu/measure.sh carries which.
+#   here:  bash scripts/gpu/stage_gguf.sh            -> .bundle/gguf/part-* + SHA256
 #   there: bash scripts/gpu/stage_gguf.sh --receive  (in each call that carries a part)
 # The receiving side appends the carried parts to /tmp/faser-gguf (kept while the
 # machine stays warm) and, once complete and checksummed, prints the export line for
@@ -41,8 +44,31 @@ SECOND=$((64 * MIB - RESERVE))
 cut_part() {  # cut_part NAME OFFSET [COUNT]: bytes OFFSET.. of the GGUF
   dd if="$SRC" of="$PARTS/$1" iflag=skip_bytes,count_bytes skip="$2" ${3:+count=$3} bs=4M status=none
 }
-cut_part part-00 0 "$FIRST"
-cut_part part-01 "$FIRST" "$SECOND"
-cut_part part-02 $((FIRST + SECOND))
+TOTAL=$(stat -c %s "$SRC")
+OFFSET=0
+if ((FIRST >= MIB)); then
+  cut_part part-00 0 "$FIRST"
+  OFFSET=$FIRST
+fi
+INDEX=1
+while ((OFFSET < TOTAL)); do
+  cut_part "$(printf 'part-%02d' $INDEX)" "$OFFSET" "$SECOND"
+  OFFSET=$((OFFSET + SECOND))
+  INDEX=$((INDEX + 1))
+done
 sha256sum "$SRC" | cut -d' ' -f1 > "$PARTS/SHA256"
 ls -la "$PARTS"
+# Which call carries which part: the first with the bundle (call 1), the last with call 3,
+# those between with call 2 and, beyond it, `measure.sh stage` calls before call 3.
+mapfile -t NAMES < <(cd "$PARTS" && ls part-*)
+LAST=$((${#NAMES[@]} - 1))
+for i in "${!NAMES[@]}"; do
+  name=${NAMES[$i]}
+  if [[ $name == part-00 ]]; then when="call 1, with the bundle"
+  elif ((i == LAST)); then when="call 3"
+  elif [[ $name == part-01 ]]; then when="call 2"
+  else when="a 'measure.sh stage' call after call 2"
+  fi
+  echo "carry $PARTS/$name: $when"
+done
+echo "carry $PARTS/SHA256 in any of these calls"
