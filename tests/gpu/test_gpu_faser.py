@@ -83,18 +83,29 @@ VARIANTS = {
     "flashinfer-bf16-graphs-prefill-graphs": (
         "--attention-backend", "flashinfer", "--dtype", "bfloat16", "--cuda-graph-backend-prefill", "breakable",
     ),
+    # All of the last three at once, as the bursty A/B serves FASER-AD: the draft on Triton
+    # drafting ahead, host plans and prefill graphs.
+    "flashinfer-bf16-graphs-served": (
+        "--attention-backend", "flashinfer", "--dtype", "bfloat16", "--cuda-graph-backend-prefill", "breakable",
+    ),
 }  # fmt: skip
 PREFILL_GRAPH_LOG = re.compile(r"Prefill batch, .*cuda graph: True")  # SGLang's line for a prefill that replayed one
 VARIANT_ENV = {
     "flashinfer-bf16-graphs-host-plan": {host_plan.ENV: host_plan.CHECK},
     "flashinfer-bf16-graphs-host-plan-async": {host_plan.ENV: "1"},
+    "flashinfer-bf16-graphs-served": {host_plan.ENV: "1"},
 }
 CONFIGS = {  # FASER config per variant
     "flashinfer-bf16-graphs-lazy": {"draft_prefill": "lazy"},
     "flashinfer-bf16-graphs-draft-triton-ahead": {"draft_ahead": True},
+    "flashinfer-bf16-graphs-served": {"draft_ahead": True},
 }
 TRITON_DRAFT = ("--speculative-draft-attention-backend", "triton")
-FASER_FLAGS = {"flashinfer-bf16-graphs-draft-triton": TRITON_DRAFT, "flashinfer-bf16-graphs-draft-triton-ahead": TRITON_DRAFT}
+FASER_FLAGS = {
+    "flashinfer-bf16-graphs-draft-triton": TRITON_DRAFT,
+    "flashinfer-bf16-graphs-draft-triton-ahead": TRITON_DRAFT,
+    "flashinfer-bf16-graphs-served": TRITON_DRAFT,
+}
 PROMPTS = [
     "def foo(x):",
     "import os\n",
