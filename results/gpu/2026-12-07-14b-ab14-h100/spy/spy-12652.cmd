@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m sglang.launch_server --model-path /tmp/faser-models/target --host 127.0.0.1 --port 55347 --attention-backend flashinfer --dtype bfloat16 --cuda-graph-backend-prefill disabled --cuda-graph-max-bs 128 --max-running-requests 128 --max-total-tokens 250000 --mem-fraction-static 0.8 --cuda-graph-backend-prefill breakable
