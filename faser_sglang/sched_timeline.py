@@ -27,6 +27,17 @@ Each line is ``{"fn", "t", "ms", "mode", "bs", "tokens"}``:
   target forward given SGLang's ForwardBatch instead of a batch: its rows and input
   tokens; None for a verify's batch).
 
+With the timeline open, every Triton JIT compile of the process is a line too,
+``{"fn": "triton_compile", "t", "ms", "kernel", "spec"}``: the kernel's name and
+Triton's description of the specialization it compiled (argument types, pointers' 16-byte
+alignment, integers equal to 1 or divisible by 16, compile-time constants). Triton
+compiles a kernel for each new specialization, inside whatever call launched it, so a
+loop iteration that holds one waited for the compiler (or for its on-disk cache):
+``ms`` runs from Triton's cache hook, before the compile, to its post-compile hook.
+The scheduler's first batch pick opens the file and sets the hooks, so compiles before it
+(model loading, graph capture) are not recorded; the header's ``triton_compiles`` says
+whether this Triton has the hooks.
+
 A recorded idle pick also carries ``alloc_retries`` and ``device_allocs``: PyTorch's
 caching allocator's ``num_alloc_retries`` and ``num_device_alloc`` so far on this
 process's GPU (None without CUDA). A retry frees cached blocks and synchronizes the
@@ -134,6 +145,7 @@ def _open(scheduler: Any) -> TextIO:
             "faser_config": os.environ.get(CONFIG_ENV),
             "host_prefill_plan": host_plan.enabled(),
             "prefill_graphs": _prefill_graph_backend(args),
+            "triton_compiles": watch_triton_compiles(),
         }
         _file.write(json.dumps(header) + "\n")
     return _file
@@ -167,6 +179,45 @@ def _timed(
         return out
 
     return hook
+
+
+def watch_triton_compiles() -> bool:
+    """Record each Triton JIT compile of this process in the timeline, chained after
+    any hooks already set (their results pass through: a truthy cache hook result tells
+    Triton to skip the compile). False where this Triton has no such hooks."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    runtime = getattr(knobs, "runtime", None)
+    if not hasattr(runtime, "jit_cache_hook") or not hasattr(runtime, "jit_post_compile_hook"):
+        return False
+    before_compile, after_compile = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+    if getattr(after_compile, "records_timeline", False):
+        return True  # set by an earlier call
+    started: dict[str, float] = {}
+
+    def cache_hook(**kwargs):
+        started[str(kwargs["key"])] = time.perf_counter()
+        return before_compile(**kwargs) if before_compile is not None else None
+
+    def post_compile_hook(**kwargs):
+        start = started.pop(str(kwargs["key"]), None)
+        if _file is not None and start is not None:
+            record = {
+                "fn": "triton_compile",
+                "t": round(start, 6),
+                "ms": round(1e3 * (time.perf_counter() - start), 3),
+                "kernel": getattr(kwargs["fn"], "name", str(kwargs["fn"])),
+                "spec": kwargs["repr"],
+            }
+            _file.write(json.dumps(record) + "\n")
+        return after_compile(**kwargs) if after_compile is not None else None
+
+    post_compile_hook.records_timeline = True
+    runtime.jit_cache_hook = cache_hook
+    runtime.jit_post_compile_hook = post_compile_hook
+    return True
 
 
 def _prefill_graph_backend(server_args: Any) -> Optional[str]:

@@ -28,7 +28,9 @@ splits the rows by batch size (a step's cost depends on it, and servers that kee
 differently run different batches); ``--above`` splits them at an iteration time,
 which on a FASER server tells its drafting steps (whose time the timeline does not
 mark) from its plain ones. Then each server's batch picks slower
-than ``--stall-ms`` (``pick_stalls``): one per new batch size is a first-use compile.
+than ``--stall-ms`` (``pick_stalls``): one per new batch size is a first-use compile;
+and, where the timeline records them, the Triton compiles each server waited for while
+serving (``compiles``).
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def iteration_stats(
     picks, origin = picks_and_origin(records)
     if origin is None:
         return {}
-    calls = sorted((r for r in records if r["fn"] != "get_next_batch_to_run"), key=lambda r: r["t"])
+    calls = sorted((r for r in records if r["fn"] in CALLS[1:]), key=lambda r: r["t"])
     stats: dict[str, list[dict[str, float]]] = defaultdict(list)
     j = 0
     for pick, following in zip(picks, picks[1:]):
@@ -213,6 +215,34 @@ def pick_stalls(timelines: list[Timeline], over_ms: float, start: float = 0.0, e
     return "\n".join(lines)
 
 
+def compiles(timelines: list[Timeline], start: float = 0.0, end: float = float("inf")) -> str:
+    """One line per server that compiled Triton kernels while serving (timelines that
+    record them): how many, their total, per kernel (count, ms) by total, and the first
+    few as (seconds from the first busy iteration, kernel, ms). Each is a wait inside
+    the call that launched the kernel; ``spec`` in the file says which specialization."""
+    lines = []
+    for timeline in timelines:
+        _, origin = picks_and_origin(timeline.records)
+        if origin is None:
+            continue
+        found = [
+            r for r in timeline.records if r["fn"] == "triton_compile" and start <= r["t"] - origin < end
+        ]
+        if not found:
+            continue
+        by_kernel: dict[str, list[float]] = defaultdict(list)
+        for r in found:
+            by_kernel[r["kernel"]].append(r["ms"])
+        kernels = sorted(by_kernel.items(), key=lambda item: -sum(item[1]))
+        per_kernel = ", ".join(f"{name} ({len(ms)}, {sum(ms):.0f} ms)" for name, ms in kernels)
+        first = ", ".join(f"({r['t'] - origin:.2f} s, {r['kernel']}, {r['ms']:.0f} ms)" for r in found[:8])
+        total = sum(r["ms"] for r in found)
+        lines.append(
+            f"- {timeline.name}: {len(found)} Triton compiles, {total:.0f} ms in all: {per_kernel}; first: {first}"
+        )
+    return "\n".join(lines)
+
+
 def prefill_fits(timelines: list[Timeline], start: float = 0.0, end: float = float("inf")) -> str:
     """One line per server: its prefills' launch (``run_batch``) and target forward ms
     as a least-squares line over the tokens each fed, a + b x tokens. The intercept is
@@ -303,6 +333,7 @@ if __name__ == "__main__":
         prefill_after(timelines, args.start, args.end),
         alloc_retries(timelines),
         pick_stalls(timelines, args.stall_ms, args.start, args.end),
+        compiles(timelines, args.start, args.end),
     )
     for extra in extras:
         if extra:

@@ -54,6 +54,11 @@ def timeline_dir(tmp_path, monkeypatch):
     monkeypatch.setenv(sched_timeline.TIMELINE_ENV, str(tmp_path / "t"))
     monkeypatch.setattr(sched_timeline, "_file", None)
     monkeypatch.setattr(sched_timeline, "_idle", False)
+    from triton import knobs
+
+    # Opening the file sets Triton's process-wide compile hooks: put back what was there.
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", knobs.runtime.jit_cache_hook)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", knobs.runtime.jit_post_compile_hook)
     yield tmp_path / "t"
     if sched_timeline._file is not None:
         sched_timeline._file.close()
@@ -95,6 +100,7 @@ def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
         "faser_config": None,
         "host_prefill_plan": False,
         "prefill_graphs": "breakable",
+        "triton_compiles": True,
     }
     assert calls_of(lines[1:]) == [
         ("get_next_batch_to_run", "prefill", 2, 40),
@@ -109,6 +115,80 @@ def test_hooks_write_a_header_then_one_line_per_call(timeline_dir):
     # Idle picks carry the allocator's counts (None: CUDA never started here).
     assert [("alloc_retries" in r) for r in lines[1:]] == [False, False, False, True, False, False, True]
     assert lines[4]["alloc_retries"] is None and lines[4]["device_allocs"] is None
+
+
+def _scheduler() -> SimpleNamespace:
+    return SimpleNamespace(
+        server_args=SimpleNamespace(
+            model_path="m", speculative_algorithm=None, speculative_num_steps=None, disable_overlap_schedule=False,
+        )
+    )
+
+
+def _compile(name: str, key: str) -> tuple[object, object]:
+    """Triton's two hook calls around one compile, as ``JITFunction._do_compile`` makes
+    them; returns each hook's result."""
+    from triton import knobs
+
+    kwargs = {
+        "key": key,
+        "repr": f"{name}[num_warps=4](x: *i64:16, n: i32)",
+        "fn": SimpleNamespace(module="m", name=name),
+        "compile": {"key": key},
+        "is_manual_warmup": False,
+        "already_compiled": False,
+    }
+    return knobs.runtime.jit_cache_hook(**kwargs), knobs.runtime.jit_post_compile_hook(**kwargs)
+
+
+def test_triton_compiles_are_recorded_once_the_timeline_is_open(timeline_dir, monkeypatch):
+    """Each compile while serving is a line with its kernel, specialization and time;
+    hooks set before stay called and their results pass through (a truthy cache hook
+    result has Triton skip the compile); setting the hooks twice records once."""
+    from triton import knobs
+
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **kw: seen.append(("cache", kw["key"])) or True)
+    monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", lambda **kw: seen.append(("post", kw["key"])))
+    pick = dict(sched_timeline.hooks())[f"{sched_timeline.SCHEDULER}.get_next_batch_to_run"]
+    pick(lambda s: SimpleNamespace(batch_to_run=None), _scheduler())  # opens the file, sets the hooks
+    assert sched_timeline.watch_triton_compiles()  # already set: not wrapped again
+    assert _compile("_fwd_kernel", "k1") == (True, None)
+    assert seen == [("cache", "k1"), ("post", "k1")]
+
+    lines = read_lines(timeline_dir)
+    assert lines[0]["triton_compiles"] is True
+    (compiled,) = [r for r in lines[1:] if r["fn"] == "triton_compile"]
+    assert compiled["kernel"] == "_fwd_kernel" and compiled["spec"] == "_fwd_kernel[num_warps=4](x: *i64:16, n: i32)"
+    assert compiled["ms"] >= 0 and compiled["t"] > 0
+
+
+def test_no_triton_compile_lines_before_the_timeline_opens(timeline_dir):
+    assert sched_timeline.watch_triton_compiles()
+    _compile("_fwd_kernel", "k0")  # before the scheduler's first pick: no file yet
+    assert not timeline_dir.exists()
+
+
+def test_compiles_lists_each_servers_triton_compiles_by_kernel(script):
+    def pick(t):
+        return {"fn": "get_next_batch_to_run", "t": t, "ms": 0.3, "mode": "decode", "bs": 4, "tokens": 4}
+
+    def compiled(t, kernel, ms):
+        return {"fn": "triton_compile", "t": t, "ms": ms, "kernel": kernel, "spec": f"{kernel}(...)"}
+
+    faser = script.Timeline("faser k7 (1)", [
+        pick(10.0), compiled(10.1, "_fwd_kernel", 150.0), pick(10.3), compiled(12.0, "_fwd_kernel", 20.0),
+        compiled(12.5, "generate_draft_decode_kv_indices", 120.0), pick(13.0),
+    ])  # fmt: skip
+    quiet = script.Timeline("no-spec (2)", [pick(10.0), pick(10.1)])
+    assert script.compiles([faser, quiet]) == (
+        "- faser k7 (1): 3 Triton compiles, 290 ms in all: _fwd_kernel (2, 170 ms), "
+        "generate_draft_decode_kv_indices (1, 120 ms); first: (0.10 s, _fwd_kernel, 150 ms), "
+        "(2.00 s, _fwd_kernel, 20 ms), (2.50 s, generate_draft_decode_kv_indices, 120 ms)"
+    )
+    assert script.compiles([faser], start=2.2).startswith("- faser k7 (1): 1 Triton compiles")
+    # The iteration table counts a compile inside the call it waited in, not as a call of its own.
+    assert script.iteration_stats(faser.records)["decode"][0]["iteration"] == pytest.approx(300.0)
 
 
 def test_no_hooks_without_the_environment_variable(monkeypatch):
