@@ -92,3 +92,35 @@ def test_chain_capture_out_of_memory_names_the_fix(monkeypatch):
     assert "ran out of GPU memory capturing the draft chains" in message
     assert "--mem-fraction-static (now 0.88)" in message and "--cuda-graph-max-bs-decode (now 128)" in message
     assert '"sampled_chain": false' in message and '"draft_chain": false' in message
+
+
+class _Built(Exception):
+    """Stops ``_draft`` once it has built its forward batch."""
+
+
+def test_chain_hands_the_backend_aligned_index_rows(monkeypatch):
+    """A chain's rows come packed in one copy ([3, n] in ``run``, [4, n] in
+    ``draft_ahead``), so a row may start 8 bytes off a 16-byte boundary. The forward
+    batch the backend's Triton index kernel reads gets aligned ones (a misaligned
+    pointer is another kernel variant, compiled inside the scheduler's loop)."""
+    built = {}
+
+    def forward_batch(**kwargs):
+        built.update(kwargs)
+        raise _Built
+
+    monkeypatch.setattr(draft_chain, "ForwardBatch", forward_batch)
+    chains = draft_chain.DraftChains.__new__(draft_chain.DraftChains)
+    chains.forced = torch.zeros((8, 3), dtype=torch.int64)
+    chains.gaps = torch.zeros(8, dtype=torch.int64)
+    chains.req_to_token = torch.arange(4 * POOL_LEN, dtype=torch.int32).view(4, POOL_LEN)
+    chains.draft_runner = SimpleNamespace(spec_algorithm=None)
+    n = 3
+    packed = torch.tensor([0, 1, 0, 5, 3, 9, 2, 0, 3]).view(3, n)  # gaps, starts, pool rows
+    fed, pool_rows = packed[1], packed[2]
+    assert fed.data_ptr() % 16 == 8  # odd n: the middle row starts off the boundary
+    with pytest.raises(_Built):
+        chains._draft(pool_rows, fed, packed[0], torch.zeros((n, 1), dtype=torch.int64), 2, 1, None, None, None, None)
+    for name in ("req_pool_indices", "seq_lens", "positions"):
+        assert built[name].data_ptr() % 16 == 0, name
+    assert built["seq_lens"].tolist() == [5, 3, 9] and built["req_pool_indices"].tolist() == [2, 0, 3]

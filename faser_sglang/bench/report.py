@@ -334,7 +334,8 @@ def plot_over_time(
     ax_batch.set_ylabel("running requests")
     ax_lat.set_ylabel(f"median {latency.upper()} (s)")
     ax_lat.set_xlabel("time (s); shaded = peak phase")
-    ax_tput.legend(loc="upper right", fontsize="small")
+    # Below the plots: contender names with server flags run wider than an axes.
+    fig.legend(*ax_tput.get_legend_handles_labels(), loc="outside lower center", fontsize="small")
     return _save(fig, path)
 
 

@@ -62,7 +62,7 @@ from faser_sglang.kv_reserve import MAX_FORCED_GAP
 from faser_sglang.spec_worker.chain_backends import ChainBackends
 from faser_sglang.spec_worker.chain_sampling import ChainSampling
 from faser_sglang.spec_worker.sampling import SamplingRows
-from faser_sglang.tensors import device_tensor
+from faser_sglang.tensors import aligned, device_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -269,6 +269,9 @@ class DraftChains:
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         n = fed.numel()
         device = forced.device
+        # Rows of a packed copy (run, draft_ahead.py): aligned so that the backend's
+        # Triton index kernel replays the variants compiled at graph capture.
+        req_pool_indices, fed = aligned(req_pool_indices), aligned(fed)
         self.forced[:n, : forced.shape[1]].copy_(forced)
         self.gaps[:n].copy_(gaps)
         positions = fed.unsqueeze(1) + torch.arange(forwards + 1, device=device)  # [n, M + 1]
