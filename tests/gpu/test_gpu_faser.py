@@ -38,6 +38,7 @@ from conftest import (
 from faser_sglang import host_plan
 from faser_sglang.bench.servers import launch
 from faser_sglang.kv_reserve import MAX_FORCED_GAP
+from faser_sglang.sched_timeline import TIMELINE_ENV
 
 pytestmark = [
     pytest.mark.gpu,
@@ -269,6 +270,36 @@ def test_greedy_equals_no_spec(variant, gpu_models, logit_ulp, tmp_path):
         assert host_plan.FIRST_PLAN_LOG in fserver.log_path.read_text(errors="replace")
     if "--cuda-graph-backend-prefill" in VARIANTS[variant]:  # FASER's prefills did replay a graph
         assert PREFILL_GRAPH_LOG.search(fserver.log_path.read_text(errors="replace"))
+
+
+def test_chains_compile_no_index_kernel_while_serving(gpu_models, tmp_path):
+    """Drafting ahead at odd batch sizes, where a row of a packed copy starts off a
+    16-byte boundary, compiles no variant of the Triton multi-step backend's index
+    kernel inside the scheduler's loop: the chain hands it aligned rows
+    (tensors.aligned), whose variants graph capture compiled. Every Triton compile the
+    scheduler timeline records while serving goes to the results file."""
+    timeline = tmp_path / "timeline"
+    env = write_faser_config(tmp_path / "faser.json", policy="fixed", draft_ahead=True)
+    env[TIMELINE_ENV] = str(timeline)
+    variant = "flashinfer-bf16-graphs-draft-triton-ahead"
+    args = (
+        *BASE_FLAGS, *VARIANTS[variant],
+        "--speculative-algorithm", "FASER",
+        "--speculative-draft-model-path", str(gpu_models.draft),
+        "--speculative-num-steps", str(K_MAX),
+        *FASER_FLAGS[variant],
+    )  # fmt: skip
+    prompt_ids = _prompt_ids(gpu_models.target)
+    with launch(gpu_models.target, args, env=env) as server:
+        for n in (1, 3, 5, 7):  # one round per batch size, each drafting ahead over n rows
+            _generate_all(server.base_url, prompt_ids[:n], {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True})
+    (path,) = timeline.glob("sched-*.jsonl")
+    header, *records = read_trace(path)
+    assert header["triton_compiles"]
+    compiles = [r for r in records if r["fn"] == "triton_compile"]
+    _record({"test": "serving_compiles", "variant": variant,
+             "compiles": [{key: r[key] for key in ("kernel", "ms", "spec")} for r in compiles]})  # fmt: skip
+    assert [r["spec"] for r in compiles if r["kernel"] == "generate_draft_decode_kv_indices"] == []
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
