@@ -273,13 +273,16 @@ LONG_IDLE_MS = 100.0  # an idle loop this long has let the GPU finish any step b
 
 
 def prefill_after(timelines: list[Timeline], start: float = 0.0, end: float = float("inf")) -> str:
-    """One line per server: the median target forward of its prefills (their launch in
-    files recorded before target forwards were) by the iteration before each: idle,
-    short idle (under LONG_IDLE_MS), prefill or decode. On the overlap schedule the work
-    of that iteration may still run on the GPU, and a prefill that waits for the GPU
-    inside its forward (FlashInfer's plan reads its index pointers back) waits for it.
-    After a long idle loop nothing is queued, so that median is the forward's own host
-    time; a short one may end while the last step still runs."""
+    """Per server, the median target forward of its prefills (their launch in files
+    recorded before target forwards were) by the iteration before each: idle, short
+    idle (under LONG_IDLE_MS), prefill, decode or drafting decode (a decode iteration
+    with no target forward through SGLang's worker: a FASER step that verified drafts,
+    which runs the target's model runner directly). On the overlap schedule the work of
+    that iteration may still run on the GPU, and a prefill that waits for the GPU inside
+    its forward waits for it. After a long idle loop nothing is queued, so that median
+    is the forward's own host time; a short one may end while the last step still runs.
+    Prefills of one token (a prompt the radix cache holds but for its last token, which
+    SGLang runs without a prefill graph) get a line of their own."""
     lines = []
     for timeline in timelines:
         _, origin = picks_and_origin(timeline.records)
@@ -287,20 +290,31 @@ def prefill_after(timelines: list[Timeline], start: float = 0.0, end: float = fl
             continue
         forwards = any(r["fn"] == "target_forward" for r in timeline.records)
         fn, label = ("target_forward", "target forward") if forwards else ("run_batch", "launch")
-        by_before: dict[str, list[float]] = defaultdict(list)
+        by_before: dict[tuple[bool, str], list[float]] = defaultdict(list)
         before = current = None
+        before_forward = current_forward = False  # whether that iteration ran a target forward
         for r in timeline.records:
             if r["fn"] == "get_next_batch_to_run":
                 before, current = current, r
-            elif r["fn"] == fn and r["mode"] == "prefill" and before is not None:
-                if start <= r["t"] - origin < end:
-                    kind = before["mode"]
-                    if kind == "idle" and 1e3 * (current["t"] - before["t"]) < LONG_IDLE_MS:
-                        kind = "short idle"
-                    by_before[kind].append(r["ms"])
-        cells = [f"after {kind} {statistics.median(ms):.1f} ms ({len(ms)})" for kind, ms in sorted(by_before.items())]
-        if cells:
-            lines.append(f"- {timeline.name}: prefill {label}, median {', '.join(cells)}")
+                before_forward, current_forward = current_forward, False
+                continue
+            current_forward = current_forward or r["fn"] == "target_forward"
+            if r["fn"] == fn and r["mode"] == "prefill" and before is not None and start <= r["t"] - origin < end:
+                kind = before["mode"]
+                if kind == "idle" and 1e3 * (current["t"] - before["t"]) < LONG_IDLE_MS:
+                    kind = "short idle"
+                elif kind == "decode" and forwards and not before_forward:
+                    kind = "drafting decode"
+                by_before[(r["tokens"] == 1, kind)].append(r["ms"])
+        for one_token in (False, True):
+            cells = [
+                f"after {kind} {statistics.median(ms):.1f} ms ({len(ms)})"
+                for (single, kind), ms in sorted(by_before.items())
+                if single == one_token
+            ]
+            if cells:
+                what = "one-token prefill" if one_token else "prefill"
+                lines.append(f"- {timeline.name}: {what} {label}, median {', '.join(cells)}")
     return "\n".join(lines)
 
 

@@ -230,20 +230,26 @@ def test_prefill_fits_split_a_fixed_cost_from_a_cost_per_token(script):
 
 
 def test_prefill_after_groups_prefills_by_the_iteration_before(script):
-    def call(fn, t, mode, ms=1.0):
-        return {"fn": fn, "t": t, "ms": ms, "mode": mode, "bs": 1, "tokens": 1}
+    def call(fn, t, mode, ms=1.0, tokens=40):
+        return {"fn": fn, "t": t, "ms": ms, "mode": mode, "bs": 1, "tokens": tokens}
 
     records = []
     for t, before, forward_ms in ((1.0, "idle", 20.0), (2.0, "decode", 30.0), (3.0, "decode", 34.0),
                                   (4.0, "prefill", 25.0)):  # fmt: skip
         records += [call("get_next_batch_to_run", t, before), call("get_next_batch_to_run", t + 0.1, "prefill"),
                     call("target_forward", t + 0.2, "prefill", forward_ms)]  # fmt: skip
+        if before == "decode":  # a plain decode: its target forward runs inside it
+            records.insert(-2, call("target_forward", t + 0.05, "decode"))
     records += [call("get_next_batch_to_run", 5.0, "idle"), call("get_next_batch_to_run", 5.01, "prefill"),
                 call("target_forward", 5.02, "prefill", 28.0)]  # a 10 ms idle: the last step may still run  # fmt: skip
-    server = script.Timeline("no-spec (1)", records)
+    # A drafting decode (no target forward of its own), then a prefill of one token after it.
+    records += [call("get_next_batch_to_run", 6.0, "decode"), call("run_batch", 6.01, "decode"),
+                call("get_next_batch_to_run", 6.1, "prefill"), call("target_forward", 6.2, "prefill", 50.0, tokens=1)]
+    server = script.Timeline("faser k4 (1)", records)
     assert script.prefill_after([server]) == (
-        "- no-spec (1): prefill target forward, median after decode 32.0 ms (2), after idle 20.0 ms (1), "
-        "after prefill 25.0 ms (1), after short idle 28.0 ms (1)"
+        "- faser k4 (1): prefill target forward, median after decode 32.0 ms (2), after idle 20.0 ms (1), "
+        "after prefill 25.0 ms (1), after short idle 28.0 ms (1)\n"
+        "- faser k4 (1): one-token prefill target forward, median after drafting decode 50.0 ms (1)"
     )
     # files recorded before target forwards were: the prefill's launch instead
     launches = [dict(r, fn="run_batch") if r["fn"] == "target_forward" else r for r in records]
