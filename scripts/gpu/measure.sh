@@ -15,7 +15,8 @@
 #   2     .bundle/gguf/part-01                               receive the second GGUF part; time the
 #                                                            allocator on this host's CPU
 #   3     .bundle/gguf/ the last part (part-02 or -03)       background "big": build the cost-faithful
-#                                                            pair (GPU 0); profile its costs once the tests
+#                                                            pair (GPU 0; on one GPU once call 1's tests
+#                                                            are done); profile its costs once the tests
 #                                                            are done; the bursty A/B (one lane per GPU)
 #                                                            once GPU 1 is free, each contender's server
 #                                                            then replaying Poisson at SWEEP_RATES (rate
@@ -208,8 +209,12 @@ case ${1:?call: 1|2|3|4} in
     rm -f $RES/faser-ad-trace.jsonl
     rm -f $RES/ab.done $RES/big.done
     log "background: build pair (GPU 0), profile, A/B (one lane per GPU: $NUM_GPUS), TP=2"
+    # On one GPU the tests of call 1 first: the pair's distillation beside them left a
+    # test's server no memory for its KV cache.
+    ONE_GPU_WAIT=$( (( NUM_GPUS < 2 )) && echo "while [[ ! -f $RES/tests.done ]]; do sleep 2; done" || true )
     background big "set -eo pipefail
       export FASER_SMOLLM2_GGUF=$FASER_SMOLLM2_GGUF
+      $ONE_GPU_WAIT
       CUDA_VISIBLE_DEVICES=0 python3 scripts/build_models.py pair $MODELS --preset $PAIR_PRESET \
         --distill-steps ${DISTILL_STEPS:-1000} 2>&1 | tail -20
       cp $MODELS/pair.json $RES/
