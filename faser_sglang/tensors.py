@@ -37,4 +37,3 @@ def aligned(t: torch.Tensor) -> torch.Tensor:
     graph capture from aligned buffers) compiles again inside the scheduler's loop, a
     100-300 ms stall. An int64 row of one batch is tiny to copy."""
     return t if t.data_ptr() % TRITON_ALIGNMENT == 0 else t.clone()
-
