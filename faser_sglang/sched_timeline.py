@@ -28,7 +28,8 @@ Each line is ``{"fn", "t", "ms", "mode", "bs", "tokens"}``:
   tokens; None for a verify's batch).
 
 With the timeline open, every Triton JIT compile of the process is a line too,
-``{"fn": "triton_compile", "t", "ms", "kernel", "spec"}``: the kernel's name and
+``{"fn": "triton_compile", "t", "ms", "kernel", "module", "spec"}``: the kernel's name, its
+Python module (two of SGLang's attention kernels are both ``_fwd_kernel``) and
 Triton's description of the specialization it compiled (argument types, pointers' 16-byte
 alignment, integers equal to 1 or divisible by 16, compile-time constants). Triton
 compiles a kernel for each new specialization, inside whatever call launched it, so a
@@ -209,6 +210,7 @@ def watch_triton_compiles() -> bool:
                 "t": round(start, 6),
                 "ms": round(1e3 * (time.perf_counter() - start), 3),
                 "kernel": getattr(kwargs["fn"], "name", str(kwargs["fn"])),
+                "module": getattr(kwargs["fn"], "module", None),
                 "spec": kwargs["repr"],
             }
             _file.write(json.dumps(record) + "\n")

@@ -215,6 +215,13 @@ def pick_stalls(timelines: list[Timeline], over_ms: float, start: float = 0.0, e
     return "\n".join(lines)
 
 
+def kernel_label(record: dict) -> str:
+    """A compiled kernel as ``module.kernel`` (its module's last part), or its bare name
+    where the timeline did not record the module."""
+    module = record.get("module")
+    return f"{module.rsplit('.', 1)[-1]}.{record['kernel']}" if module else record["kernel"]
+
+
 def compiles(timelines: list[Timeline], start: float = 0.0, end: float = float("inf")) -> str:
     """One line per server that compiled Triton kernels while serving (timelines that
     record them): how many, their total, per kernel (count, ms) by total, and the first
@@ -232,10 +239,10 @@ def compiles(timelines: list[Timeline], start: float = 0.0, end: float = float("
             continue
         by_kernel: dict[str, list[float]] = defaultdict(list)
         for r in found:
-            by_kernel[r["kernel"]].append(r["ms"])
+            by_kernel[kernel_label(r)].append(r["ms"])
         kernels = sorted(by_kernel.items(), key=lambda item: -sum(item[1]))
         per_kernel = ", ".join(f"{name} ({len(ms)}, {sum(ms):.0f} ms)" for name, ms in kernels)
-        first = ", ".join(f"({r['t'] - origin:.2f} s, {r['kernel']}, {r['ms']:.0f} ms)" for r in found[:8])
+        first = ", ".join(f"({r['t'] - origin:.2f} s, {kernel_label(r)}, {r['ms']:.0f} ms)" for r in found[:8])
         total = sum(r["ms"] for r in found)
         lines.append(
             f"- {timeline.name}: {len(found)} Triton compiles, {total:.0f} ms in all: {per_kernel}; first: {first}"

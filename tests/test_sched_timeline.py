@@ -159,7 +159,7 @@ def test_triton_compiles_are_recorded_once_the_timeline_is_open(timeline_dir, mo
     lines = read_lines(timeline_dir)
     assert lines[0]["triton_compiles"] is True
     (compiled,) = [r for r in lines[1:] if r["fn"] == "triton_compile"]
-    assert compiled["kernel"] == "_fwd_kernel" and compiled["spec"] == "_fwd_kernel[num_warps=4](x: *i64:16, n: i32)"
+    assert compiled["kernel"] == "_fwd_kernel" and compiled["module"] == "m" and compiled["spec"] == "_fwd_kernel[num_warps=4](x: *i64:16, n: i32)"
     assert compiled["ms"] >= 0 and compiled["t"] > 0
 
 
@@ -173,18 +173,18 @@ def test_compiles_lists_each_servers_triton_compiles_by_kernel(script):
     def pick(t):
         return {"fn": "get_next_batch_to_run", "t": t, "ms": 0.3, "mode": "decode", "bs": 4, "tokens": 4}
 
-    def compiled(t, kernel, ms):
-        return {"fn": "triton_compile", "t": t, "ms": ms, "kernel": kernel, "spec": f"{kernel}(...)"}
+    def compiled(t, kernel, ms, module="sglang.kernels.ops.attention.extend_attention"):
+        return {"fn": "triton_compile", "t": t, "ms": ms, "kernel": kernel, "module": module, "spec": f"{kernel}(...)"}
 
     faser = script.Timeline("faser k7 (1)", [
         pick(10.0), compiled(10.1, "_fwd_kernel", 150.0), pick(10.3), compiled(12.0, "_fwd_kernel", 20.0),
-        compiled(12.5, "generate_draft_decode_kv_indices", 120.0), pick(13.0),
+        compiled(12.5, "generate_draft_decode_kv_indices", 120.0, module=None), pick(13.0),
     ])  # fmt: skip
     quiet = script.Timeline("no-spec (2)", [pick(10.0), pick(10.1)])
     assert script.compiles([faser, quiet]) == (
-        "- faser k7 (1): 3 Triton compiles, 290 ms in all: _fwd_kernel (2, 170 ms), "
-        "generate_draft_decode_kv_indices (1, 120 ms); first: (0.10 s, _fwd_kernel, 150 ms), "
-        "(2.00 s, _fwd_kernel, 20 ms), (2.50 s, generate_draft_decode_kv_indices, 120 ms)"
+        "- faser k7 (1): 3 Triton compiles, 290 ms in all: extend_attention._fwd_kernel (2, 170 ms), "
+        "generate_draft_decode_kv_indices (1, 120 ms); first: (0.10 s, extend_attention._fwd_kernel, 150 ms), "
+        "(2.00 s, extend_attention._fwd_kernel, 20 ms), (2.50 s, generate_draft_decode_kv_indices, 120 ms)"
     )
     assert script.compiles([faser], start=2.2).startswith("- faser k7 (1): 1 Triton compiles")
     # The iteration table counts a compile inside the call it waited in, not as a call of its own.

@@ -1,5 +1,5 @@
-"""Compile at startup the Triton kernel SGLang's speculative decode path specializes
-per batch size, so that a burst does not wait for the compiler.
+"""Compile at startup the Triton kernels a FASER server would otherwise compile in the
+middle of serving, so that a burst does not wait for the compiler.
 
 Before every speculative decode step SGLang's scheduler writes the step's new KV slots
 into the request rows (``eagle_prepare_for_decode`` -> ``alloc_for_spec_decode`` ->
@@ -15,6 +15,15 @@ takes another path and never compiles this kernel in its decode steps.
 
 ``warm_decode_allocation`` launches the kernel once per (power of two up to the
 largest decode batch, alignment) with empty ranges, which write nothing.
+
+``warm_draft_extend_attention``: a draft on SGLang's Triton attention backend runs its
+EXTEND forwards (eager draft prefills, catch-ups too long for its decode graphs) through
+the Triton extend attention kernel, whose compile-time constants come from the draft's
+layers (head dims, block sizes). Graph capture runs only DECODE forwards, and under a
+lazy draft prefill SGLang's warm-up request never reaches the draft's EXTEND: the first
+long catch-up of the bursty A/B compiled it in the scheduler's loop (py-spy: 2.3 s in
+``extend_attention_fwd``). The warm-up runs the backend's own ``forward_extend`` once per
+kind of draft attention layer, two new tokens over an empty prefix, and writes no KV.
 """
 
 from __future__ import annotations
@@ -22,12 +31,17 @@ from __future__ import annotations
 import logging
 import time
 
+from typing import Any
+
 import torch
 
 logger = logging.getLogger(__name__)
 
 # The request row every warm-up launch names; its empty ranges write nothing there.
 ANY_ROW = 0
+# New tokens of the extend warm-up's one request: with one, a view's row stride is free and
+# the kernel's stride arguments could differ from a real extend's (Triton specializes them).
+EXTEND_TOKENS = 2
 
 
 def batch_buckets(max_batch: int) -> list[int]:
@@ -72,3 +86,78 @@ def warm_decode_allocation(req_to_token: torch.Tensor, max_batch: int) -> int:
         time.perf_counter() - started,
     )
     return launches
+
+
+def _layer_kind(layer: Any) -> tuple:
+    """What of a draft attention layer reaches the extend kernel's specialization."""
+    return (
+        layer.tp_q_head_num, layer.tp_k_head_num, layer.tp_v_head_num, layer.qk_head_dim, layer.v_head_dim,
+        layer.logit_cap, layer.logit_capping_method, layer.xai_temperature_len, layer.scaling,
+    )  # fmt: skip
+
+
+def layer_kinds(model: torch.nn.Module) -> list[Any]:
+    """One attention layer of each kind in ``model``, sliding-window layers left out (their
+    extend reads window metadata)."""
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    kinds: dict[tuple, Any] = {}
+    for module in model.modules():
+        if isinstance(module, RadixAttention) and module.sliding_window_size < 0:
+            kinds.setdefault(_layer_kind(module), module)
+    return list(kinds.values())
+
+
+def run_extend_once(backend: Any, layers: list[Any], dtype: torch.dtype, device: torch.device) -> None:
+    """``backend.forward_extend`` once per layer: one request, two new tokens, no prefix,
+    the inputs laid out as a model's forward hands them over. Writes no KV; the backend's
+    forward metadata is restored afterwards."""
+    from sglang.srt.layers.attention.triton_backend import ForwardMetadata
+
+    saved = backend.forward_metadata
+    try:
+        for layer in layers:
+            q_width = layer.tp_q_head_num * layer.qk_head_dim
+            k_width = layer.tp_k_head_num * layer.qk_head_dim
+            v_width = layer.tp_v_head_num * layer.v_head_dim
+            qkv = torch.zeros(EXTEND_TOKENS, q_width + k_width + v_width, dtype=dtype, device=device)  # fused QKV out
+            q = qkv[:, :q_width]  # [tokens, q_width], as RadixAttention passes it
+            k = qkv[:, q_width : q_width + k_width].view(-1, layer.tp_k_head_num, layer.qk_head_dim)
+            v = qkv[:, q_width + k_width :].view(-1, layer.tp_v_head_num, layer.v_head_dim)
+            # As init_forward_metadata builds an EXTEND's, for the batch above.
+            backend.forward_metadata = ForwardMetadata(
+                attn_logits=None, attn_lse=None, max_extend_len=EXTEND_TOKENS, num_kv_splits=None,
+                kv_indptr=torch.zeros(2, dtype=backend.kv_indptr.dtype, device=device),
+                kv_indices=torch.empty(0, dtype=torch.int64, device=device),
+                qo_indptr=torch.tensor([0, EXTEND_TOKENS], dtype=backend.qo_indptr.dtype, device=device),
+                custom_mask=None, mask_indptr=None, window_kv_indptr=None, window_kv_indices=None,
+                window_num_kv_splits=None, window_kv_offsets=None,
+            )  # fmt: skip
+            backend.forward_extend(q, k, v, layer, forward_batch=None, save_kv_cache=False)
+    finally:
+        backend.forward_metadata = saved
+
+
+def warm_draft_extend_attention(runner: Any) -> int:
+    """Compile the Triton extend attention for every kind of attention layer of
+    ``runner`` (the draft's ModelRunner). Returns the kinds warmed: 0 off CUDA, for
+    another attention backend, or where the backend takes another kernel (deterministic
+    inference, decode context parallelism)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    backend = runner.attn_backend
+    device = torch.device(runner.device)
+    if not isinstance(backend, TritonAttnBackend) or device.type != "cuda":
+        return 0
+    if backend.enable_deterministic or backend.dcp_size > 1:
+        return 0
+    started = time.perf_counter()
+    layers = layer_kinds(runner.model)
+    run_extend_once(backend, layers, runner.dtype, device)
+    torch.cuda.synchronize(device)
+    logger.info(
+        "FASER: compiled the draft's Triton extend attention for %d kind(s) of layer in %.1f s",
+        len(layers),
+        time.perf_counter() - started,
+    )
+    return len(layers)

@@ -62,7 +62,7 @@ from faser_sglang.spec_worker.draft_ahead import (
     upper_seq_lens,
 )
 from faser_sglang.spec_worker.draft_model import DraftModel
-from faser_sglang.spec_worker.kernel_warmup import warm_decode_allocation
+from faser_sglang.spec_worker.kernel_warmup import warm_decode_allocation, warm_draft_extend_attention
 from faser_sglang.spec_worker.policy import StepContext, draft_caps, draft_room, make_policy
 from faser_sglang.spec_worker.sampling import SamplingRows
 from faser_sglang.spec_worker.state import FaserDraftState
@@ -131,6 +131,7 @@ class FaserWorker(BaseSpecWorker):
         super().init_cuda_graphs()
         target_runner = self._target_worker.model_runner
         warm_decode_allocation(target_runner.req_to_token_pool.req_to_token, target_runner.max_running_requests)
+        warm_draft_extend_attention(self.draft_runner)
         self.draft_phase.chains = chains = self._draft_worker.chains
         if self.config.draft_ahead:
             if chains is None or not chains.plans_on_device(1):

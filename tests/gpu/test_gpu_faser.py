@@ -272,11 +272,13 @@ def test_greedy_equals_no_spec(variant, gpu_models, logit_ulp, tmp_path):
         assert PREFILL_GRAPH_LOG.search(fserver.log_path.read_text(errors="replace"))
 
 
-def test_chains_compile_no_index_kernel_while_serving(gpu_models, tmp_path):
-    """Drafting ahead at odd batch sizes, where a row of a packed copy starts off a
-    16-byte boundary, compiles no variant of the Triton multi-step backend's index
-    kernel inside the scheduler's loop: the chain hands it aligned rows
-    (tensors.aligned), whose variants graph capture compiled. Every Triton compile the
+def test_serving_compiles_no_index_kernel_nor_draft_extend(gpu_models, tmp_path):
+    """Two Triton kernels a FASER server compiled inside its scheduler's loop compile no
+    more while serving: the multi-step draft backend's index kernel when drafting ahead at
+    odd batch sizes, where a row of a packed copy starts off a 16-byte boundary (the chain
+    hands it aligned rows, tensors.aligned, whose variants graph capture compiled), and the
+    draft's Triton extend attention, which every eager draft prefill runs (compiled at
+    startup, kernel_warmup.warm_draft_extend_attention). Every Triton compile the
     scheduler timeline records while serving goes to the results file."""
     timeline = tmp_path / "timeline"
     env = write_faser_config(tmp_path / "faser.json", policy="fixed", draft_ahead=True)
@@ -291,8 +293,10 @@ def test_chains_compile_no_index_kernel_while_serving(gpu_models, tmp_path):
     )  # fmt: skip
     prompt_ids = _prompt_ids(gpu_models.target)
     with launch(gpu_models.target, args, env=env) as server:
+        log = server.log_tail(2_000_000)
         for n in (1, 3, 5, 7):  # one round per batch size, each drafting ahead over n rows
             _generate_all(server.base_url, prompt_ids[:n], {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True})
+    assert re.search(r"compiled the draft's Triton extend attention for 1 kind", log)
     (path,) = timeline.glob("sched-*.jsonl")
     header, *records = read_trace(path)
     assert header["triton_compiles"]
@@ -301,8 +305,9 @@ def test_chains_compile_no_index_kernel_while_serving(gpu_models, tmp_path):
     # compile, or load from Triton's disk cache): none recorded means the hooks never ran.
     assert compiles, "the timeline recorded no Triton compile: Triton's compile hooks were not called"
     _record({"test": "serving_compiles", "variant": variant,
-             "compiles": [{key: r[key] for key in ("kernel", "ms", "spec")} for r in compiles]})  # fmt: skip
+             "compiles": [{key: r.get(key) for key in ("kernel", "module", "ms", "spec")} for r in compiles]})  # fmt: skip
     assert [r["spec"] for r in compiles if r["kernel"] == "generate_draft_decode_kv_indices"] == []
+    assert [r["spec"] for r in compiles if (r["module"] or "").endswith(".extend_attention")] == []
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
