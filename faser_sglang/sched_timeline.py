@@ -28,10 +28,12 @@ Each line is ``{"fn", "t", "ms", "mode", "bs", "tokens"}``:
   tokens; None for a verify's batch).
 
 With the timeline open, every Triton JIT compile of the process is a line too,
-``{"fn": "triton_compile", "t", "ms", "kernel", "module", "spec"}``: the kernel's name, its
-Python module (two of SGLang's attention kernels are both ``_fwd_kernel``) and
-Triton's description of the specialization it compiled (argument types, pointers' 16-byte
-alignment, integers equal to 1 or divisible by 16, compile-time constants). Triton
+``{"fn": "triton_compile", "t", "ms", "kernel", "module", "spec", "key"}``: the kernel's name,
+its Python module (two of SGLang's attention kernels are both ``_fwd_kernel``), Triton's
+description of the specialization it compiled (argument types, pointers' 16-byte
+alignment, integers equal to 1 or divisible by 16, compile-time constants; the GPU image's
+Triton 3.6 prints the argument part empty) and Triton's cache key for it, which tells two
+variants of one kernel apart. Triton
 compiles a kernel for each new specialization, inside whatever call launched it, so a
 loop iteration that holds one waited for the compiler (or for its on-disk cache):
 ``ms`` runs from Triton's cache hook, before the compile, to its post-compile hook.
@@ -212,6 +214,7 @@ def watch_triton_compiles() -> bool:
                 "kernel": getattr(kwargs["fn"], "name", str(kwargs["fn"])),
                 "module": getattr(kwargs["fn"], "module", None),
                 "spec": kwargs["repr"],
+                "key": str(kwargs["key"]),
             }
             _file.write(json.dumps(record) + "\n")
         return after_compile(**kwargs) if after_compile is not None else None

@@ -159,6 +159,7 @@ def test_triton_compiles_are_recorded_once_the_timeline_is_open(timeline_dir, mo
     lines = read_lines(timeline_dir)
     assert lines[0]["triton_compiles"] is True
     (compiled,) = [r for r in lines[1:] if r["fn"] == "triton_compile"]
+    assert compiled["key"] == "k1"
     assert compiled["kernel"] == "_fwd_kernel" and compiled["module"] == "m" and compiled["spec"] == "_fwd_kernel[num_warps=4](x: *i64:16, n: i32)"
     assert compiled["ms"] >= 0 and compiled["t"] > 0
 
