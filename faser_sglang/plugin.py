@@ -8,7 +8,9 @@ CUDA graphs as a plain decoder's instead of for EAGLE-style verification, its KV
 memory plan counts the draft's KV pool too (``faser_sglang.memory_plan``), a server
 that drafts ahead reserves the KV its chains write
 (``faser_sglang.kv_reserve``), and
-requests are checked before they reach the scheduler (``faser_sglang.request_guard``);
+requests are checked before they reach the scheduler (``faser_sglang.request_guard``),
+and every speculative server records its KV allocation before a decode step from host
+lists instead of per-request tensor reads (``faser_sglang.spec_alloc``);
 with ``FASER_SCHED_TIMELINE`` set, the scheduler loop's host timeline is recorded, in
 any server (``faser_sglang.sched_timeline``); with ``FASER_WARM_SPEC_KERNELS`` set,
 SGLang's own speculative servers compile their KV allocation kernel at startup, as
@@ -23,7 +25,7 @@ from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-from faser_sglang import baseline_warmup, host_plan, kv_reserve, memory_plan, request_guard, sched_timeline
+from faser_sglang import baseline_warmup, host_plan, kv_reserve, memory_plan, request_guard, sched_timeline, spec_alloc
 from faser_sglang.spec_worker import validation
 
 ALGORITHM_NAME = "FASER"
@@ -102,6 +104,7 @@ def register() -> None:
     HookRegistry.register(kv_reserve.EXTRA_CONTEXT, kv_reserve.extra_context_len, HookType.AROUND)
     HookRegistry.register(request_guard.TOKENIZE_STEP, request_guard.guard_tokenize, HookType.AROUND)
     HookRegistry.register(request_guard.VALIDATE_STEP, request_guard.guard_validate, HookType.AROUND)
+    HookRegistry.register(spec_alloc.ALLOC_FOR_SPEC_DECODE, spec_alloc.lengths_as_list, HookType.AROUND)
     if sched_timeline.timeline_dir() is not None:
         for target, hook in sched_timeline.hooks():
             HookRegistry.register(target, hook, HookType.AROUND)

@@ -107,3 +107,23 @@ def test_no_extend_warm_up_off_triton_or_off_cuda():
         attn_backend=object.__new__(TritonAttnBackend), device="cpu", model=model, dtype=torch.bfloat16
     )
     assert warm_draft_extend_attention(triton_on_cpu) == 0
+
+
+def test_a_failed_extend_warm_up_leaves_the_kernel_cold(monkeypatch, caplog):
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from faser_sglang.spec_worker import kernel_warmup
+
+    backend = object.__new__(TritonAttnBackend)
+    backend.enable_deterministic, backend.dcp_size = False, 1
+
+    def fail(*args):
+        raise ValueError("an attention layout the warm-up does not know")
+
+    monkeypatch.setattr(kernel_warmup, "run_extend_once", fail)
+    runner = SimpleNamespace(
+        attn_backend=backend, device="cuda", model=torch.nn.ModuleList([_attention(4, 2, 0)]), dtype=torch.bfloat16
+    )
+    with caplog.at_level("WARNING", logger=kernel_warmup.__name__):
+        assert warm_draft_extend_attention(runner) == 0
+    assert "left the draft's Triton extend attention cold (ValueError: an attention layout" in caplog.text

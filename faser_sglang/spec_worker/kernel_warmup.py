@@ -142,7 +142,8 @@ def warm_draft_extend_attention(runner: Any) -> int:
     """Compile the Triton extend attention for every kind of attention layer of
     ``runner`` (the draft's ModelRunner). Returns the kinds warmed: 0 off CUDA, for
     another attention backend, or where the backend takes another kernel (deterministic
-    inference, decode context parallelism)."""
+    inference, decode context parallelism) or where the warm-up fails, which it logs: the
+    draft's first EXTEND then compiles the kernel, as without the warm-up."""
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     backend = runner.attn_backend
@@ -153,8 +154,12 @@ def warm_draft_extend_attention(runner: Any) -> int:
         return 0
     started = time.perf_counter()
     layers = layer_kinds(runner.model)
-    run_extend_once(backend, layers, runner.dtype, device)
-    torch.cuda.synchronize(device)
+    try:
+        run_extend_once(backend, layers, runner.dtype, device)
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - a warm-up only saves time; the first EXTEND compiles instead
+        logger.warning("FASER: left the draft's Triton extend attention cold (%s: %s)", type(exc).__name__, exc)
+        return 0
     logger.info(
         "FASER: compiled the draft's Triton extend attention for %d kind(s) of layer in %.1f s",
         len(layers),

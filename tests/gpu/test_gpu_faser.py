@@ -304,8 +304,9 @@ def test_serving_compiles_no_index_kernel_nor_draft_extend(gpu_models, tmp_path)
     # The first prefill launches SGLang's KV index kernel first in this process (its
     # compile, or load from Triton's disk cache): none recorded means the hooks never ran.
     assert compiles, "the timeline recorded no Triton compile: Triton's compile hooks were not called"
-    _record({"test": "serving_compiles", "variant": variant,
-             "compiles": [{key: r.get(key) for key in ("kernel", "module", "ms", "spec")} for r in compiles]})  # fmt: skip
+    fields = ("kernel", "module", "ms", "spec", "key")
+    recorded = [{f: r.get(f) for f in fields} for r in compiles]
+    _record({"test": "serving_compiles", "variant": variant, "compiles": recorded})
     assert [r["spec"] for r in compiles if r["kernel"] == "generate_draft_decode_kv_indices"] == []
     assert [r["spec"] for r in compiles if (r["module"] or "").endswith(".extend_attention")] == []
 
