@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -109,3 +110,14 @@ def test_list_lengths_are_read_as_ints(bs):
         nxt_kv_lens_cpu=torch.arange(bs, dtype=torch.int32),
     )
     assert lengths == list(range(bs)) and all(type(n) is int for n in lengths)
+
+
+def test_benchmark_script_prints_both_sides():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "bench_spec_alloc.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--batch-sizes", "4", "--rounds", "3"], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    header, rule, row = out.stdout.strip().splitlines()[-3:]
+    assert header == "| requests | SGLang ms | host list ms | ratio |"
+    assert row.startswith("| 4 | ") and row.endswith("x |")
