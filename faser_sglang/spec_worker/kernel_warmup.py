@@ -88,10 +88,13 @@ def warm_decode_allocation(req_to_token: torch.Tensor, max_batch: int) -> int:
 
 
 def _layer_kind(layer: Any) -> tuple:
-    """What of a draft attention layer reaches the extend kernel's specialization."""
+    """What of a draft attention layer reaches the extend kernel's specialization: head
+    counts and dims (block sizes, strides), the compile-time logit cap and temperature
+    length, and what decides causality (the softmax scale is a plain float argument)."""
     return (
         layer.tp_q_head_num, layer.tp_k_head_num, layer.tp_v_head_num, layer.qk_head_dim, layer.v_head_dim,
-        layer.logit_cap, layer.logit_capping_method, layer.xai_temperature_len, layer.scaling,
+        layer.logit_cap, layer.logit_capping_method, layer.xai_temperature_len,
+        layer.is_cross_attention, layer.attn_type,
     )  # fmt: skip
 
 
