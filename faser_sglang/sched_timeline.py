@@ -205,7 +205,8 @@ def watch_triton_compiles() -> bool:
         return before_compile(**kwargs) if before_compile is not None else None
 
     def post_compile_hook(**kwargs):
-        start = started.pop(str(kwargs["key"]), None)
+        key = str(kwargs["key"])
+        start = started.pop(key, None)
         if _file is not None and start is not None:
             record = {
                 "fn": "triton_compile",
@@ -214,7 +215,7 @@ def watch_triton_compiles() -> bool:
                 "kernel": getattr(kwargs["fn"], "name", str(kwargs["fn"])),
                 "module": getattr(kwargs["fn"], "module", None),
                 "spec": kwargs["repr"],
-                "key": str(kwargs["key"]),
+                "key": key,
             }
             _file.write(json.dumps(record) + "\n")
         return after_compile(**kwargs) if after_compile is not None else None
