@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from test_spec_alloc import _step  # noqa: E402
+from test_spec_alloc import _step, sglangs_own  # noqa: E402
 
 from faser_sglang import spec_alloc  # noqa: E402
 
@@ -33,9 +33,7 @@ def main() -> None:
     from sglang.srt.mem_cache import allocation
 
     allocation.assign_req_to_token_pool_func = lambda *a: None  # the slot write: the same launch on both sides
-    original = allocation.alloc_for_spec_decode
-    while hasattr(original, "__wrapped__"):
-        original = original.__wrapped__
+    original = sglangs_own()
     sides = {
         "SGLang": lambda tree_cache, pool, kwargs: original(tree_cache, pool, **kwargs),
         "host list": lambda tree_cache, pool, kwargs: spec_alloc.lengths_as_list(original, tree_cache, pool, **kwargs),

@@ -46,6 +46,17 @@ def _step(cur: list[int], nxt: list[int], page_size: int = 1):
     return tree_cache, pool, kwargs
 
 
+def sglangs_own():
+    """SGLang's ``alloc_for_spec_decode`` without the plugin's hook (set when a test or the
+    benchmark loaded the plugin)."""
+    from sglang.srt.mem_cache import allocation
+
+    original = allocation.alloc_for_spec_decode
+    while hasattr(original, "__wrapped__"):
+        original = original.__wrapped__
+    return original
+
+
 def test_same_slots_and_lengths_as_sglangs_own(monkeypatch):
     from sglang.srt.mem_cache import allocation
 
@@ -58,9 +69,7 @@ def test_same_slots_and_lengths_as_sglangs_own(monkeypatch):
 
     monkeypatch.setattr(allocation, "assign_req_to_token_pool_func", assign_on_host)
 
-    original = allocation.alloc_for_spec_decode
-    while hasattr(original, "__wrapped__"):  # the plugin's hook, when a test loaded it
-        original = original.__wrapped__
+    original = sglangs_own()
     cur, nxt = [4, 0, 9, 7], [8, 3, 9, 12]  # the third request needs nothing more
     tree_cache, pool, kwargs = _step(cur, nxt)
     expected = copy.deepcopy((tree_cache, pool, kwargs))
@@ -114,9 +123,8 @@ def test_list_lengths_are_read_as_ints(bs):
 
 def test_benchmark_script_prints_both_sides():
     script = Path(__file__).resolve().parent.parent / "scripts" / "bench_spec_alloc.py"
-    out = subprocess.run(
-        [sys.executable, str(script), "--batch-sizes", "4", "--rounds", "3"], capture_output=True, text=True, timeout=300
-    )
+    command = [sys.executable, str(script), "--batch-sizes", "4", "--rounds", "3"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     header, rule, row = out.stdout.strip().splitlines()[-3:]
     assert header == "| requests | SGLang ms | host list ms | ratio |"
